@@ -1,0 +1,35 @@
+# `make demo` and `make test` set everything up themselves (idempotent) in .venv/.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PIP_QUIET := --quiet --disable-pip-version-check
+
+.PHONY: demo test bench cluster cluster-down kube-binaries crd clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing into $(VENV) (torch pinned by constraints.txt)"
+	@$(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e '.[worker,operator,dev]' 2>&1 | grep -v "is ignored" || true
+	@$(PY) -c "import torch, kopf, multiworld, multiworld_operator" && touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --kill w1:1 --after 4 --duration 20
+
+# pytest exit code 5 means "no tests collected": not a failure of the build.
+test: $(STAMP) kube-binaries
+	@$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+crd: $(STAMP)
+	$(VENV)/bin/multiworld crd > crds/multiworld.io_multiworlds.yaml
+	cp crds/multiworld.io_multiworlds.yaml charts/multiworld-operator/crds/
+
+clean:
+	rm -rf $(VENV) .cluster .pytest_cache
+
+# The test control plane (etcd, kube-apiserver, kube-controller-manager), cached under ~/.cache.
+kube-binaries:
+	@bash tests/cluster/build.sh

@@ -1,0 +1,1 @@
+"""The MultiWorld controller: spec, planner, and its two platforms (Kubernetes and local)."""

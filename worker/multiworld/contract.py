@@ -1,0 +1,185 @@
+"""The worker <-> controller contract: what a process is told and what it reports.
+
+Shared by the worker runtime and both platforms (the Kubernetes operator and the local
+runner). Deliberately free of torch and kubernetes imports so the operator image can use it.
+
+- At start a process reads `WorkerEnv` from its environment: its own pod name, the worlds it
+  is in (`WorldAssignment`s) and where live world-table updates come from.
+- Later a platform publishes a `WorldTable` (every world with its epoch and its pods in rank
+  order); each process derives its own assignments from it with `assignments_for(pod)`.
+- A process that sees a world break sends a `BrokenWorldReport`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Backend = Literal["gloo", "nccl"]
+
+# Environment variable names (the env half of the contract).
+ENV_POD = "MULTIWORLD_POD"
+ENV_WORLDS = "MULTIWORLD_WORLDS"
+ENV_TABLE = "MULTIWORLD_TABLE"
+ENV_NAME = "MULTIWORLD_NAME"
+ENV_NAMESPACE = "MULTIWORLD_NAMESPACE"
+
+# Pod annotation a worker writes when it sees a world break (Kubernetes channel).
+REPORT_ANNOTATION = "multiworld.io/broken-world"
+
+# World names double as store key prefixes and DNS-ish labels.
+WORLD_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorldAssignment(_Model):
+    """One world as seen by one process: where to rendezvous and which rank it holds."""
+
+    name: str = Field(min_length=1, max_length=63)
+    rank: int = Field(ge=0)
+    size: int = Field(ge=2)
+    host: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    epoch: int = Field(default=1, ge=1)
+    backend: Backend = "gloo"
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_label(cls, value: str) -> str:
+        if not WORLD_NAME_RE.match(value):
+            raise ValueError(f"world name {value!r} must be a DNS label (a-z, 0-9, '-')")
+        return value
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> WorldAssignment:
+        if self.rank >= self.size:
+            raise ValueError(f"rank {self.rank} is out of range for size {self.size}")
+        return self
+
+    @property
+    def store_prefix(self) -> str:
+        """Store keys of this incarnation live here, fencing out older epochs."""
+        return f"{self.name}/{self.epoch}/"
+
+
+class WorldEntry(_Model):
+    """One world in the live table: its epoch and its pods in rank order."""
+
+    name: str
+    epoch: int = Field(ge=1)
+    backend: Backend = "gloo"
+    host: str
+    port: int = Field(ge=1, le=65535)
+    pods: list[str] = Field(min_length=2)
+
+    @property
+    def size(self) -> int:
+        return len(self.pods)
+
+    def assignment(self, pod: str) -> WorldAssignment:
+        return WorldAssignment(
+            name=self.name,
+            rank=self.pods.index(pod),
+            size=self.size,
+            host=self.host,
+            port=self.port,
+            epoch=self.epoch,
+            backend=self.backend,
+        )
+
+
+class WorldTable(_Model):
+    """Every world of one MultiWorld at one moment; `revision` only grows."""
+
+    revision: int = Field(default=0, ge=0)
+    worlds: list[WorldEntry] = Field(default_factory=list)
+
+    def assignments_for(self, pod: str) -> dict[str, WorldAssignment]:
+        return {w.name: w.assignment(pod) for w in self.worlds if pod in w.pods}
+
+
+class WorkerEnv(_Model):
+    """What a process starts with, read from (and written to) its environment."""
+
+    pod: str
+    worlds: list[WorldAssignment] = Field(default_factory=list)
+    # Where live table updates come from: "" (none: the start-up worlds are final),
+    # "local://HOST:PORT" (the local runner), "kubernetes://NAMESPACE/NAME" (the MultiWorld).
+    table: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
+        missing = [k for k in (ENV_POD, ENV_WORLDS) if k not in environ]
+        if missing:
+            raise ValueError(f"missing environment variable(s): {', '.join(missing)}")
+        try:
+            worlds = json.loads(environ[ENV_WORLDS])
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{ENV_WORLDS} is not valid JSON: {exc}") from exc
+        return cls(pod=environ[ENV_POD], worlds=worlds, table=environ.get(ENV_TABLE, ""))
+
+    def to_env(self) -> dict[str, str]:
+        return {
+            ENV_POD: self.pod,
+            ENV_WORLDS: json.dumps([w.model_dump() for w in self.worlds], separators=(",", ":")),
+            ENV_TABLE: self.table,
+        }
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class BrokenWorldReport(_Model):
+    """A process's verdict that one world (at one epoch) is broken."""
+
+    world: str
+    epoch: int = Field(ge=1)
+    reason: str
+    peer_rank: int | None = None
+    pod: str = ""
+    time: datetime = Field(default_factory=_now)
+
+
+class WorkerStatus(_Model):
+    """What a process currently holds: the epoch it joined per world, and the errors its code
+    saw per world. Sent on every change so a platform can tell when a world is whole again."""
+
+    pod: str
+    joined: dict[str, int] = Field(default_factory=dict)
+    errors: dict[str, int] = Field(default_factory=dict)
+
+
+class ChannelMessage(_Model):
+    """One line on a channel (newline-delimited JSON): exactly one field is set.
+
+    Worker -> platform: `hello` (its pod name, first), `report`, `status`.
+    Platform -> worker: `table`.
+    """
+
+    hello: str | None = None
+    report: BrokenWorldReport | None = None
+    status: WorkerStatus | None = None
+    table: WorldTable | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ChannelMessage:
+        set_fields = [k for k in ("hello", "report", "status", "table") if getattr(self, k) is not None]
+        if len(set_fields) != 1:
+            raise ValueError(f"a channel message carries exactly one field, got {set_fields or 'none'}")
+        return self
+
+    def encode(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode() + b"\n"
+
+    @classmethod
+    def decode(cls, line: bytes | str) -> ChannelMessage:
+        return cls.model_validate_json(line)
