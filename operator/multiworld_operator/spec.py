@@ -1,0 +1,426 @@
+"""The MultiWorld resource as pydantic models, loaded and validated in one place.
+
+Public API (stable; the local runner and the Kubernetes operator build on it):
+
+- `load_manifest(path_or_text) -> MultiWorld`: a YAML file path (str or Path) or YAML text
+  holding one MultiWorld manifest. `parse_manifest(data: Mapping) -> MultiWorld` does the same
+  for an already-parsed dict (e.g. the body kopf hands over). Both raise `SpecError` listing
+  every problem at once, each prefixed by its field path: `spec.worlds[1].ranks[2]: member 'w3'
+  is not declared`.
+- `MultiWorld` (`.api_version`, `.kind`, `.metadata: Metadata`, `.spec: MultiWorldSpec`) and
+  the helpers on it:
+  - `pods_of(member) -> ['<mw>-<member>-0', ...]`, `all_pods() -> [...]` (spec order),
+    `member_of_pod(pod) -> (member, ordinal)`;
+  - `world(name) -> World`, `world_pods(world) -> [pod, ...]` (the world's ranks expanded:
+    rank r is element r), `worlds_of_member(member) -> [world names]`,
+    `worlds_of_pod(pod) -> [world names]`, `shared_members() -> [member names]`;
+  - `template_of(member) -> dict` (the member's own template, else `spec.template`);
+  - `backend_of(world) -> 'nccl' | 'gloo'` (cluster rule: `auto` is nccl when every rank's
+    template requests `nvidia.com/gpu`), and `local_backend_of(world, cuda_available) ->
+    (backend, warning | None)` (laptop rule: `auto` is nccl when CUDA is available; an explicit
+    nccl without CUDA falls back to gloo with a warning for the caller to log).
+- `parse_duration("1h30m") -> 5400.0` seconds (units ms, s, m, h, d; `0s` allowed).
+
+Models are frozen; build them only through `parse_manifest`/`load_manifest` (or
+`MultiWorld.model_validate`, which runs the same cross-field checks) so every instance is valid.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from multiworld.contract import Backend
+
+API_GROUP = "multiworld.io"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+KIND = "MultiWorld"
+PLURAL = "multiworlds"
+SINGULAR = "multiworld"
+SHORT_NAMES = ["mw"]
+
+BackendChoice = Literal["auto", "nccl", "gloo"]
+GPU_RESOURCE = "nvidia.com/gpu"
+
+MAX_LABEL = 63
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Service names (the headless Service is named after the MultiWorld) must start with a letter.
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# The cross-field validator raises this error type; parse_manifest reports those problems from
+# its own pass over the raw data instead, so they are listed once, next to the field errors.
+_CROSS_FIELD_ERROR = "multiworld_spec"
+
+
+class SpecError(ValueError):
+    """An invalid MultiWorld; `problems` holds every problem found, each naming its field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid MultiWorld ({len(self.problems)} problem(s)):\n{lines}")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration like `30s`, `5m`, `1h`, `1h30m`, `500ms`, `2d`."""
+    if not isinstance(text, str) or not _DURATION.match(text.strip()):
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 1h30m")
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text.strip()))
+
+
+def _check_duration(value: str) -> str:
+    parse_duration(value)
+    return value
+
+
+class _SpecModel(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
+    )
+
+
+class Backoff(_SpecModel):
+    """Delay before a world's k-th restart within the window: 0 for the first, then
+    `initialDelay * factor**(k-2)`, capped at `maxDelay`."""
+
+    initial_delay: str = "1s"
+    max_delay: str = "1m"
+    factor: float = Field(default=2.0, ge=1.0)
+
+    _durations = field_validator("initial_delay", "max_delay")(_check_duration)
+
+    def delay(self, recent_restarts: int) -> float:
+        """Seconds to wait before a restart preceded by `recent_restarts` within the window."""
+        if recent_restarts <= 0:
+            return 0.0
+        initial = parse_duration(self.initial_delay)
+        return min(parse_duration(self.max_delay), initial * self.factor ** (recent_restarts - 1))
+
+
+class FailurePolicy(_SpecModel):
+    """At most `maxRestarts` restarts of a world within any `window`; then the world is Failed."""
+
+    max_restarts: int = Field(default=10, ge=0)
+    window: str = "1h"
+    backoff: Backoff = Field(default_factory=Backoff)
+
+    _window = field_validator("window")(_check_duration)
+
+    @property
+    def window_seconds(self) -> float:
+        return parse_duration(self.window)
+
+
+class Member(_SpecModel):
+    """A set of identical pods `<mw>-<name>-<ordinal>`, declared once, used by many worlds."""
+
+    name: str
+    replicas: int = Field(default=1, ge=1)
+    template: dict[str, Any] | None = None
+
+
+class World(_SpecModel):
+    """One communication group: the members' pods in rank order."""
+
+    name: str
+    ranks: list[str]
+    backend: BackendChoice | None = None
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+
+
+class MultiWorldSpec(_SpecModel):
+    backend: BackendChoice = "auto"
+    template: dict[str, Any] = Field(default_factory=dict)
+    members: list[Member] = Field(min_length=1)
+    worlds: list[World] = Field(min_length=1)
+
+
+class Metadata(BaseModel):
+    """The parts of ObjectMeta the controller reads; everything else is kept as is."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+    namespace: str | None = None
+    generation: int | None = None
+    uid: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class MultiWorld(_SpecModel):
+    api_version: Literal["multiworld.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["MultiWorld"]
+    metadata: Metadata
+    spec: MultiWorldSpec
+    # Manifests read back from a cluster carry a status; the spec models ignore it.
+    status: dict[str, Any] | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _cross_field_checks(self) -> MultiWorld:
+        problems = cross_field_problems(self.model_dump(by_alias=True))
+        if problems:
+            raise PydanticCustomError(_CROSS_FIELD_ERROR, "{problems}", {"problems": "; ".join(problems)})
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    # -- members and pods -------------------------------------------------------------------
+
+    def member(self, name: str) -> Member:
+        for member in self.spec.members:
+            if member.name == name:
+                return member
+        raise KeyError(f"member {name!r} is not declared in MultiWorld {self.name!r}")
+
+    def pods_of(self, member: str) -> list[str]:
+        return [pod_name(self.name, member, i) for i in range(self.member(member).replicas)]
+
+    def all_pods(self) -> list[str]:
+        return [pod for m in self.spec.members for pod in self.pods_of(m.name)]
+
+    def member_of_pod(self, pod: str) -> tuple[str, int]:
+        for member in self.spec.members:
+            pods = self.pods_of(member.name)
+            if pod in pods:
+                return member.name, pods.index(pod)
+        raise KeyError(f"pod {pod!r} belongs to no member of MultiWorld {self.name!r}")
+
+    def template_of(self, member: str) -> dict[str, Any]:
+        own = self.member(member).template
+        return own if own is not None else self.spec.template
+
+    # -- worlds -----------------------------------------------------------------------------
+
+    def world(self, name: str) -> World:
+        for world in self.spec.worlds:
+            if world.name == name:
+                return world
+        raise KeyError(f"world {name!r} is not declared in MultiWorld {self.name!r}")
+
+    def world_pods(self, world: str) -> list[str]:
+        return [pod for member in self.world(world).ranks for pod in self.pods_of(member)]
+
+    def worlds_of_member(self, member: str) -> list[str]:
+        return [w.name for w in self.spec.worlds if member in w.ranks]
+
+    def worlds_of_pod(self, pod: str) -> list[str]:
+        member, _ = self.member_of_pod(pod)
+        return self.worlds_of_member(member)
+
+    def shared_members(self) -> list[str]:
+        return [m.name for m in self.spec.members if len(self.worlds_of_member(m.name)) > 1]
+
+    def backend_of(self, world: str) -> Backend:
+        choice = self.world(world).backend or self.spec.backend
+        if choice != "auto":
+            return choice
+        gpus = all(requests_gpu(self.template_of(m)) for m in self.world(world).ranks)
+        return "nccl" if gpus else "gloo"
+
+    def local_backend_of(self, world: str, cuda_available: bool) -> tuple[Backend, str | None]:
+        choice = self.world(world).backend or self.spec.backend
+        if choice == "auto":
+            return ("nccl" if cuda_available else "gloo"), None
+        if choice == "nccl" and not cuda_available:
+            return "gloo", f"world {world!r}: backend nccl needs CUDA, which is not available here; using gloo"
+        return choice, None
+
+
+def pod_name(multiworld: str, member: str, ordinal: int) -> str:
+    return f"{multiworld}-{member}-{ordinal}"
+
+
+def requests_gpu(template: Mapping[str, Any]) -> bool:
+    """Whether any container of a PodTemplateSpec asks for at least one `nvidia.com/gpu`."""
+    containers = _get(_get(template, "spec"), "containers")
+    for container in containers if isinstance(containers, list) else []:
+        resources = _get(container, "resources")
+        for kind in ("limits", "requests"):
+            amount = _get(_get(resources, kind), GPU_RESOURCE)
+            if _positive_quantity(amount):
+                return True
+    return False
+
+
+def _positive_quantity(value: object) -> bool:
+    try:
+        return float(str(value)) > 0
+    except ValueError:
+        return False
+
+
+# -- loading and validation ------------------------------------------------------------------
+
+
+def load_manifest(source: str | Path) -> MultiWorld:
+    """Load a MultiWorld from a YAML file (a Path, or a str naming an existing file) or YAML text."""
+    text = source.read_text() if isinstance(source, Path) else _text_of(source)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError([f"manifest: not valid YAML: {exc}"]) from exc
+    return parse_manifest(data)
+
+
+def _text_of(source: str) -> str:
+    # One line naming a file is a path; one line without YAML structure must be one too.
+    if "\n" not in source:
+        if Path(source).is_file():
+            return Path(source).read_text()
+        if ":" not in source:
+            raise SpecError([f"manifest: no such file {source!r}"])
+    return source
+
+
+def parse_manifest(data: object) -> MultiWorld:
+    """Validate a parsed manifest; raise SpecError listing every problem."""
+    if not isinstance(data, Mapping):
+        raise SpecError([f"manifest: expected a mapping (a MultiWorld object), got {type(data).__name__}"])
+    problems = cross_field_problems(data)
+    try:
+        multiworld = MultiWorld.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_field_problems(exc) + problems) from None
+    return multiworld
+
+
+def _field_problems(exc: ValidationError) -> list[str]:
+    problems = []
+    for error in exc.errors():
+        if error["type"] == _CROSS_FIELD_ERROR:
+            continue
+        message = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{field_path(error['loc'])}: {message}")
+    return problems
+
+
+def field_path(loc: tuple[str | int, ...]) -> str:
+    """('spec', 'worlds', 1, 'ranks', 2) -> 'spec.worlds[1].ranks[2]'."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "manifest"
+
+
+def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
+    """Problems that span fields (names, references, sizes), read tolerantly from raw data so
+    they are reported together with type errors found elsewhere."""
+    problems: list[str] = []
+    mw_name = _get(data.get("metadata"), "name")
+    if isinstance(mw_name, str):
+        problems += _label_problems("metadata.name", mw_name, _DNS1035_LABEL, "a letter")
+    spec = data.get("spec")
+    replicas = _member_problems(spec, mw_name if isinstance(mw_name, str) else None, problems)
+    used = _world_problems(spec, replicas, problems)
+    reported: set[str] = set()
+    for index, member in _items(spec, "members"):
+        name = member.get("name")
+        if isinstance(name, str) and name in replicas and name not in used | reported:
+            problems.append(f"spec.members[{index}]: member {name!r} is in no world")
+            reported.add(name)
+    return problems
+
+
+def _member_problems(spec: object, mw_name: str | None, problems: list[str]) -> dict[str, int | None]:
+    """Check member names; return declared member -> replicas (None when replicas is invalid)."""
+    declared: dict[str, int | None] = {}
+    for index, member in _items(spec, "members"):
+        name = member.get("name")
+        if not isinstance(name, str):
+            continue
+        path = f"spec.members[{index}].name"
+        label = _label_problems(path, name, _DNS1123_LABEL)
+        problems += label
+        if name in declared:
+            problems.append(f"{path}: member {name!r} is declared twice")
+            continue
+        count = member.get("replicas", 1)
+        declared[name] = count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else None
+        longest = pod_name(mw_name, name, (declared[name] or 1) - 1) if mw_name else ""
+        if not label and len(longest) > MAX_LABEL:
+            problems.append(
+                f"{path}: pod name {longest!r} is {len(longest)} characters; "
+                f"<name>-<member>-<ordinal> must fit in {MAX_LABEL}"
+            )
+    return declared
+
+
+def _world_problems(spec: object, replicas: Mapping[str, int | None], problems: list[str]) -> set[str]:
+    """Check world names and rank lists; return the members some world uses."""
+    used: set[str] = set()
+    seen_worlds: set[str] = set()
+    for index, world in _items(spec, "worlds"):
+        name = world.get("name")
+        label = name if isinstance(name, str) else f"#{index}"
+        if isinstance(name, str):
+            problems += _label_problems(f"spec.worlds[{index}].name", name, _DNS1123_LABEL)
+            if name in seen_worlds:
+                problems.append(f"spec.worlds[{index}].name: world {name!r} is declared twice")
+            seen_worlds.add(name)
+        ranks = world.get("ranks")
+        if not isinstance(ranks, list):
+            continue
+        size: int | None = 0
+        in_world: set[str] = set()
+        for position, member in enumerate(ranks):
+            if not isinstance(member, str):
+                size = None
+                continue
+            path = f"spec.worlds[{index}].ranks[{position}]"
+            if member not in replicas:
+                problems.append(f"{path}: member {member!r} is not declared")
+                size = None
+            elif member in in_world:
+                problems.append(f"{path}: member {member!r} appears twice in world {label!r}")
+            else:
+                used.add(member)
+                count = replicas[member]
+                size = None if size is None or count is None else size + count
+            in_world.add(member)
+        if size is not None and size < 2:
+            problems.append(
+                f"spec.worlds[{index}].ranks: world {label!r} has {size} rank(s) after expanding "
+                "replicas; a world needs at least 2"
+            )
+    return used
+
+
+def _label_problems(path: str, value: str, pattern: re.Pattern[str], first: str = "a letter or digit") -> list[str]:
+    if len(value) > MAX_LABEL or not pattern.match(value):
+        return [
+            f"{path}: {value!r} is not a valid name (a DNS label: at most {MAX_LABEL} characters "
+            f"of a-z, 0-9 and '-', starting with {first} and ending with a letter or digit)"
+        ]
+    return []
+
+
+def _items(spec: object, key: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    items = _get(spec, key)
+    if isinstance(items, list):
+        for index, item in enumerate(items):
+            if isinstance(item, Mapping):
+                yield index, item
+
+
+def _get(obj: object, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, Mapping) else None
