@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# Two images from one project:
+#   docker build --target operator -t multiworld/operator .   the kopf controller; no torch
+#   docker build --target worker   -t multiworld/worker .     the worker library, CPU torch, examples
+# The worker's torch comes from the index in TORCH_INDEX_URL (CPU wheels by default), so a CUDA
+# image is a deliberate choice:
+#   docker build --target worker --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 .
+
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# The project as one wheel: the images install the wheel, not the source tree.
+FROM ${PYTHON_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY worker ./worker
+COPY operator ./operator
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+# What both images share: no pip cache, unbuffered logs, an unprivileged user (uid 10001, the
+# uid the Helm chart's securityContext expects).
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin multiworld
+WORKDIR /app
+
+FROM runtime AS operator
+COPY --from=wheel /wheels /tmp/wheels
+RUN pip install "$(ls /tmp/wheels/multiworld-*.whl)[operator]" && rm -rf /tmp/wheels
+USER 10001:10001
+ENTRYPOINT ["multiworld", "operator"]
+
+FROM runtime AS worker
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+COPY --from=wheel /wheels /tmp/wheels
+COPY constraints.txt /tmp/constraints.txt
+# constraints.txt pins torch; the pinned version is taken from TORCH_INDEX_URL, whose local
+# version (+cpu, +cu126, ...) sorts above PyPI's build of the same version.
+RUN pip install -c /tmp/constraints.txt --extra-index-url "${TORCH_INDEX_URL}" \
+        "$(ls /tmp/wheels/multiworld-*.whl)[worker]" \
+    && rm -rf /tmp/wheels /tmp/constraints.txt
+# `python examples/<name>/main.py` runs from the working directory.
+COPY examples ./examples
+USER 10001:10001
+CMD ["python"]

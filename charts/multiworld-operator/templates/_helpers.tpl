@@ -1,0 +1,74 @@
+{{/* The chart's name, shortened to a DNS label. */}}
+{{- define "multiworld-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Name of the release's own objects; the release name alone when it already holds the chart's name. */}}
+{{- define "multiworld-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := include "multiworld-operator.name" . }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "multiworld-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "multiworld-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "multiworld-operator.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "multiworld-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "multiworld-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "multiworld-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "multiworld-operator.operatorSubjects" -}}
+- kind: ServiceAccount
+  name: {{ include "multiworld-operator.serviceAccountName" . }}
+  namespace: {{ .Release.Namespace }}
+{{- end }}
+
+{{/* Watching every namespace (an empty watchNamespaces) takes a ClusterRole; a list takes Roles. */}}
+{{- define "multiworld-operator.clusterWide" -}}
+{{- if not .Values.watchNamespaces }}true{{ end }}
+{{- end }}
+
+{{/* Namespaces that get the workers' ServiceAccount and Role, as a JSON list. */}}
+{{- define "multiworld-operator.workerNamespaces" -}}
+{{- .Values.workers.namespaces | default .Values.watchNamespaces | default (list .Release.Namespace) | toJson }}
+{{- end }}
+
+{{/*
+What the operator does in a namespace it manages: reconcile MultiWorlds (kopf keeps its progress
+in annotations and finalizers, hence patch/update), own their Pods and headless Services, and
+post Events. Used by the ClusterRole (all namespaces) or by each Role (listed namespaces).
+*/}}
+{{- define "multiworld-operator.managedRules" -}}
+- apiGroups: ["multiworld.io"]
+  resources: ["multiworlds"]
+  verbs: ["get", "list", "watch", "patch", "update"]
+- apiGroups: ["multiworld.io"]
+  resources: ["multiworlds/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: [""]
+  resources: ["pods", "services"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
