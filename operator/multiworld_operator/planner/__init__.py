@@ -1,0 +1,70 @@
+"""The planner: every decision about a MultiWorld, as one pure function (no I/O, no clock).
+
+Public API (stable; both platforms call it the same way):
+
+    from multiworld_operator.planner import plan, Observation, PodObservation, Plan
+
+    result = plan(multiworld, status, Observation(now=..., pods=[...], reports=[...]),
+                  endpoint=lambda world, rank0_pod: (host, port),
+                  backend_of=None)          # world -> 'nccl'|'gloo'; default: multiworld.backend_of
+    for action in result.actions:           # in order: DeletePod, PublishTable, CreatePod, EmitEvent
+        ...
+    store(result.status)                    # MultiWorldStatus; .to_dict() is the CR's status
+    result.table                            # contract.WorldTable for the workers (= status.table)
+    result.requeue_after                    # seconds until a backoff ends, or None
+
+- `status` is what the previous plan returned (`MultiWorldStatus.from_dict(cr["status"])`), or
+  None the first time. Re-planning the same observation is harmless: same status, no new epoch,
+  only the still-pending creates/deletes repeated.
+- `Observation.pods`: every pod of this MultiWorld that exists, with `created_for` read back
+  from what CreatePod asked for (store it on the pod, e.g. as a JSON annotation) and, when
+  known, `joined` (WorkerStatus.joined). A pod once observed and then absent counts as deleted.
+- `Observation.reports`: BrokenWorldReports received; stale epochs are ignored, so a platform
+  may pass every report it still has.
+- `CreatePod.worker_env(table_url)` is the pod's WorkerEnv; `CreatePod.template` is its pod
+  template. `DeletePod` of a pod that is gone, or `CreatePod` of one that exists, is a no-op.
+"""
+
+from .decide import plan
+from .model import (
+    Action,
+    CreatePod,
+    DeletePod,
+    EmitEvent,
+    Endpoint,
+    Observation,
+    Plan,
+    PodObservation,
+    PodPhase,
+    PublishTable,
+)
+from .status import (
+    Condition,
+    Failure,
+    MultiWorldStatus,
+    Phase,
+    PodRecord,
+    WorldPhase,
+    WorldStatus,
+)
+
+__all__ = [
+    "Action",
+    "Condition",
+    "CreatePod",
+    "DeletePod",
+    "EmitEvent",
+    "Endpoint",
+    "Failure",
+    "MultiWorldStatus",
+    "Observation",
+    "Phase",
+    "Plan",
+    "PodObservation",
+    "PodPhase",
+    "PodRecord",
+    "PublishTable",
+    "WorldPhase",
+    "WorldStatus",
+    "plan",
+]

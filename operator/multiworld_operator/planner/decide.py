@@ -1,0 +1,321 @@
+"""The pure decision: spec + previous status + observation -> Plan. No I/O, no clock.
+
+Rules (DESIGN.md, "Recovery semantics"):
+- Every world has an epoch, 1 at first. A world that is up (Pending, Running or Recovering and
+  not waiting for a backoff) fails when one of its pods fails, disappears after it was seen, or a
+  worker reports it broken at its current epoch (reports for other epochs are ignored).
+- A failed world gets the next epoch at once, and is restarted now or, from its second restart
+  within the failure policy's window, after a backoff (out of the world table meanwhile). When
+  the window already holds `maxRestarts` restarts the world is Failed for good instead.
+- A dead pod is replaced. A live pod is replaced only when none of its worlds is up any more
+  after this failure ("its worlds have all failed"); any other pod stays and follows the table.
+- A pod exists while at least one of its worlds is up (or it finished); pods of Failed worlds
+  only, of removed members, or unknown instances are deleted.
+- Spec edits: new worlds start at epoch 1, removed ones leave the table, a world whose expanded
+  rank list or backend changed gets a new epoch; nothing else moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from multiworld.contract import Backend, BrokenWorldReport, WorldEntry, WorldTable
+
+from ..spec import MultiWorld
+from .model import (
+    Action,
+    CreatePod,
+    DeletePod,
+    EmitEvent,
+    Endpoint,
+    Observation,
+    Plan,
+    PodObservation,
+    PublishTable,
+)
+from .status import Condition, Failure, MultiWorldStatus, Phase, PodRecord, WorldStatus
+
+
+def plan(
+    multiworld: MultiWorld,
+    status: MultiWorldStatus | None,
+    observation: Observation,
+    *,
+    endpoint: Endpoint,
+    backend_of: Callable[[str], Backend] | None = None,
+) -> Plan:
+    """Decide the next step. `status` is the one the previous plan returned (None at first);
+    `backend_of(world)` defaults to the cluster rule `multiworld.backend_of`."""
+    return _Planning(multiworld, status or MultiWorldStatus(), observation, endpoint,
+                     backend_of or multiworld.backend_of, first=status is None).run()
+
+
+class _Planning:
+    def __init__(
+        self,
+        multiworld: MultiWorld,
+        previous: MultiWorldStatus,
+        observation: Observation,
+        endpoint: Endpoint,
+        backend_of: Callable[[str], Backend],
+        first: bool,
+    ) -> None:
+        self.mw = multiworld
+        self.previous = previous
+        self.now = observation.now
+        self.reports = observation.reports
+        self.endpoint = endpoint
+        self.backend_of = backend_of
+        self.first = first
+        self.pods = multiworld.all_pods()
+        self.pod_worlds = {pod: multiworld.worlds_of_pod(pod) for pod in self.pods}
+        self.observed: dict[str, PodObservation] = {
+            p.name: p for p in observation.pods if p.phase != "Missing"
+        }
+        self.records = {n: r.model_copy(deep=True) for n, r in previous.pods.items() if n in self.pod_worlds}
+        self.worlds: dict[str, WorldStatus] = {}
+        self.deletes: list[DeletePod] = []
+        self.creates: list[CreatePod] = []
+        self.events: list[EmitEvent] = []
+
+    def run(self) -> Plan:
+        self._apply_spec()
+        failures = self._detect_failures()
+        for world, failure in failures.items():
+            self._fail(world, failure)
+        self._end_backoffs()
+        self._replace_orphans(failures)
+        table = self._table()
+        self._reconcile_pods(table)
+        self._update_world_phases()
+        status = self._status(table)
+        actions: list[Action] = [*self.deletes]
+        if table != self.previous.table:
+            actions.append(PublishTable(table=table))
+        actions += [*self.creates, *self.events]
+        return Plan(actions=actions, status=status, requeue_after=self._requeue_after())
+
+    # -- worlds ------------------------------------------------------------------------------
+
+    def _apply_spec(self) -> None:
+        for world in self.mw.spec.worlds:
+            pods, backend = self.mw.world_pods(world.name), self.backend_of(world.name)
+            old = self.previous.worlds.get(world.name)
+            if old is None:
+                self.worlds[world.name] = WorldStatus(size=len(pods), pods=pods, backend=backend)
+                if not self.first:
+                    self._event("Normal", "WorldAdded", world.name, f"world {world.name} added with {len(pods)} ranks")
+                continue
+            current = old.model_copy(deep=True)
+            if old.pods != pods or old.backend != backend:
+                current.epoch += 1
+                current.size, current.pods, current.backend = len(pods), pods, backend
+                current.ready_ranks = 0
+                if current.phase == "Failed":
+                    # An edited definition gets a fresh restart budget.
+                    current.recent_restarts, current.restart_at = [], None
+                if current.restart_at is None:
+                    current.phase = "Pending"
+                self._event("Normal", "WorldChanged", world.name,
+                            f"world {world.name} changed ({len(pods)} ranks, {backend}); now at epoch {current.epoch}")
+            self.worlds[world.name] = current
+        for name in self.previous.worlds:
+            if name not in self.worlds:
+                self._event("Normal", "WorldRemoved", name, f"world {name} removed from the spec")
+
+    def _detect_failures(self) -> dict[str, Failure]:
+        failures: dict[str, Failure] = {}
+        for pod in self.pods:
+            record, seen = self.records.get(pod), self.observed.get(pod)
+            if record is None or (seen is not None and seen.created_for != record.created_for):
+                continue  # not our instance (yet): nothing of ours can have failed
+            if seen is None and not record.observed:
+                continue  # asked for, not created yet
+            if seen is not None and seen.phase != "Failed":
+                record.observed = True
+                continue
+            reason = "PodFailed" if seen is not None else "PodDeleted"
+            del self.records[pod]
+            for world in self.pod_worlds[pod]:
+                state = self.worlds[world]
+                if state.up and world not in failures:
+                    rank = state.pods.index(pod)
+                    failures[world] = Failure(
+                        time=self.now, reason=reason, pod=pod, rank=rank, epoch=state.epoch,
+                        message=f"pod {pod} (rank {rank}) {'failed' if seen else 'was deleted'}",
+                    )
+        for report in self.reports:
+            state = self.worlds.get(report.world)
+            if state is None or not state.up or report.epoch != state.epoch or report.world in failures:
+                continue
+            failures[report.world] = self._report_failure(report, state)
+        return failures
+
+    def _report_failure(self, report: BrokenWorldReport, state: WorldStatus) -> Failure:
+        by = f" (reported by {report.pod})" if report.pod else ""
+        if report.peer_rank is not None and 0 <= report.peer_rank < state.size:
+            pod, rank = state.pods[report.peer_rank], report.peer_rank
+        else:
+            pod = report.pod
+            rank = state.pods.index(pod) if pod in state.pods else -1
+        return Failure(time=self.now, reason="WorldBroken", pod=pod, rank=rank, epoch=state.epoch,
+                       message=f"{report.reason}{by}")
+
+    def _fail(self, world: str, failure: Failure) -> None:
+        state = self.worlds[world]
+        policy = self.mw.world(world).failure_policy
+        since = self.now - timedelta(seconds=policy.window_seconds)
+        recent = [t for t in state.recent_restarts if t > since]
+        state.last_failure, state.recent_restarts, state.ready_ranks = failure, recent, 0
+        cause = f"world {world} epoch {failure.epoch} failed: {failure.message}"
+        if len(recent) >= policy.max_restarts:
+            state.phase, state.restart_at = "Failed", None
+            self._event("Warning", "WorldExhausted", world,
+                        f"{cause}; giving up after {len(recent)} restart(s) within {policy.window}")
+            return
+        delay = policy.backoff.delay(len(recent))
+        state.epoch += 1
+        state.restarts += 1
+        state.recent_restarts = [*recent, self.now]
+        state.phase = "Recovering"
+        state.restart_at = self.now + timedelta(seconds=delay) if delay > 0 else None
+        when = f" in {delay:g}s" if delay > 0 else ""
+        self._event("Warning", "WorldFailed", world,
+                    f"{cause}; restarting at epoch {state.epoch}{when} "
+                    f"(restart {len(state.recent_restarts)}/{policy.max_restarts} within {policy.window})")
+
+    def _end_backoffs(self) -> None:
+        for name, state in self.worlds.items():
+            if state.restart_at is not None and self.now >= state.restart_at:
+                state.restart_at = None
+                self._event("Normal", "WorldRestarting", name,
+                            f"world {name} backoff over; restarting at epoch {state.epoch}")
+
+    def _replace_orphans(self, failures: dict[str, Failure]) -> None:
+        """Live pods of the worlds that just failed are replaced when no world of theirs is up."""
+        for world in failures:
+            for pod in self.worlds[world].pods:
+                if pod in self.records and not any(self.worlds[w].up for w in self.pod_worlds[pod]):
+                    del self.records[pod]
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def _table(self) -> WorldTable:
+        entries = []
+        for name, state in self.worlds.items():
+            if state.up:
+                host, port = self.endpoint(name, state.pods[0])
+                entries.append(WorldEntry(name=name, epoch=state.epoch, backend=state.backend,
+                                          host=host, port=port, pods=state.pods))
+        revision = self.previous.table.revision
+        if entries != self.previous.table.worlds:
+            revision += 1
+        return WorldTable(revision=revision, worlds=entries)
+
+    def _reconcile_pods(self, table: WorldTable) -> None:
+        for pod in self.pods:
+            worlds = self.pod_worlds[pod]
+            if all(self.worlds[w].phase == "Failed" for w in worlds):
+                self.records.pop(pod, None)
+            record, seen = self.records.get(pod), self.observed.get(pod)
+            if seen is not None:
+                if record is None or seen.created_for != record.created_for:
+                    self.deletes.append(DeletePod(pod=pod, reason=self._delete_reason(seen, record)))
+                continue
+            if record is None and any(self.worlds[w].up for w in worlds):
+                record = PodRecord(created_for={w: self.worlds[w].epoch for w in worlds})
+                self.records[pod] = record
+            if record is not None and not record.observed:
+                member, ordinal = self.mw.member_of_pod(pod)
+                self.creates.append(CreatePod(
+                    pod=pod, member=member, ordinal=ordinal, created_for=record.created_for,
+                    worlds=list(table.assignments_for(pod).values()), template=self.mw.template_of(member),
+                ))
+        for name in sorted(set(self.observed) - set(self.pod_worlds)):
+            self.deletes.append(DeletePod(pod=name, reason="not part of the spec"))
+
+    def _delete_reason(self, seen: PodObservation, record: PodRecord | None) -> str:
+        if seen.phase == "Failed":
+            return "failed; replaced by a new instance"
+        if record is None and not any(self.worlds[w].up for w in self.pod_worlds[seen.name]):
+            return "no world of this pod is running"
+        return "an outdated instance; replaced by a new one"
+
+    def _ready(self, pod: str, world: str, epoch: int) -> bool:
+        record, seen = self.records.get(pod), self.observed.get(pod)
+        if record is None or seen is None or seen.created_for != record.created_for or seen.phase != "Running":
+            return False
+        return seen.joined is None or seen.joined.get(world) == epoch
+
+    def _finished(self, pod: str) -> bool:
+        record, seen = self.records.get(pod), self.observed.get(pod)
+        return (record is not None and seen is not None and seen.created_for == record.created_for
+                and seen.phase == "Succeeded")
+
+    def _update_world_phases(self) -> None:
+        for name, state in self.worlds.items():
+            if not state.up:
+                continue
+            if all(self._finished(pod) for pod in state.pods):
+                state.phase, state.ready_ranks = "Succeeded", 0
+                self._event("Normal", "WorldSucceeded", name, f"world {name}: every rank finished")
+                continue
+            state.ready_ranks = sum(self._ready(pod, name, state.epoch) for pod in state.pods)
+            if state.ready_ranks == state.size and state.phase != "Running":
+                recovered = state.phase == "Recovering"
+                self._event("Normal", "WorldRecovered" if recovered else "WorldReady", name,
+                            f"world {name} {'back' if recovered else 'ready'} with all {state.size} ranks at epoch {state.epoch}")
+                state.phase = "Running"
+
+    # -- status ------------------------------------------------------------------------------
+
+    def _status(self, table: WorldTable) -> MultiWorldStatus:
+        phases = [s.phase for s in self.worlds.values()]
+        running = phases.count("Running")
+        phase = _overall_phase(phases)
+        degraded = [n for n, s in self.worlds.items() if s.phase in ("Failed", "Recovering")]
+        conditions = [
+            self._condition("Ready", phase == "Running",
+                            "AllWorldsRunning" if phase == "Running" else f"Phase{phase}",
+                            f"{running}/{len(phases)} worlds running"),
+            self._condition("Degraded", bool(degraded),
+                            "WorldsUnhealthy" if degraded else "AllWorldsHealthy",
+                            ("not healthy: " + ", ".join(degraded)) if degraded else "no failed or recovering world"),
+        ]
+        generation = self.mw.metadata.generation
+        return MultiWorldStatus(
+            phase=phase,
+            observed_generation=generation if generation is not None else self.previous.observed_generation,
+            worlds_ready=f"{running}/{len(phases)}",
+            restarts=sum(s.restarts for s in self.worlds.values()),
+            worlds=self.worlds,
+            conditions=conditions,
+            table=table,
+            pods=self.records,
+        )
+
+    def _condition(self, type_: str, true: bool, reason: str, message: str) -> Condition:
+        status = "True" if true else "False"
+        old = self.previous.condition(type_)
+        since = old.last_transition_time if old is not None and old.status == status else self.now
+        return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since)
+
+    def _requeue_after(self) -> float | None:
+        waits = [(s.restart_at - self.now).total_seconds() for s in self.worlds.values() if s.restart_at]
+        return min(waits) if waits else None
+
+    def _event(self, type_: Any, reason: str, world: str | None, message: str) -> None:
+        self.events.append(EmitEvent(type=type_, reason=reason, world=world, message=message))
+
+
+def _overall_phase(phases: list[str]) -> Phase:
+    if phases and all(p == "Succeeded" for p in phases):
+        return "Succeeded"
+    if "Failed" in phases:
+        return "Failed" if all(p in ("Failed", "Succeeded") for p in phases) else "Degraded"
+    for phase in ("Recovering", "Pending"):
+        if phase in phases:
+            return phase  # type: ignore[return-value]
+    return "Running"

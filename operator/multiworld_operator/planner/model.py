@@ -1,0 +1,127 @@
+"""What the planner reads (an Observation) and what it returns (a Plan of actions)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from multiworld.contract import BrokenWorldReport, WorkerEnv, WorldAssignment, WorldTable
+
+from .status import MultiWorldStatus
+
+PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Missing"]
+# endpoint(world name, rank-0 pod name) -> (host, port) of that world's rendezvous store.
+Endpoint = Callable[[str, str], tuple[str, int]]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PodObservation(_Model):
+    """One pod as a platform sees it now. `created_for` is the stamp the planner gave the pod
+    when it asked for it (CreatePod.created_for; platforms store it on the pod and read it
+    back). `joined`, when the platform knows it (WorkerStatus.joined), is the epoch the pod's
+    worker holds per world; None means unknown, and a Running pod then counts as joined."""
+
+    name: str
+    member: str
+    ordinal: int = Field(ge=0)
+    phase: PodPhase
+    created_for: dict[str, int] = Field(default_factory=dict)
+    joined: dict[str, int] | None = None
+
+
+class Observation(_Model):
+    """Everything a platform saw since it last planned. A pod absent from `pods` (or with phase
+    Missing) does not exist now."""
+
+    now: datetime
+    pods: list[PodObservation] = Field(default_factory=list)
+    reports: list[BrokenWorldReport] = Field(default_factory=list)
+
+    @field_validator("now")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("now must be timezone-aware (use datetime.now(timezone.utc))")
+        return value
+
+
+class CreatePod(_Model):
+    """Create pod `pod` from `template` (already chosen for its member). `worlds` are its
+    start-up assignments (its WorkerEnv); `created_for` must be stored on the pod and reported
+    back in PodObservation.created_for. Creating a pod that already exists is a no-op."""
+
+    action: Literal["create"] = "create"
+    pod: str
+    member: str
+    ordinal: int
+    created_for: dict[str, int]
+    worlds: list[WorldAssignment]
+    template: dict[str, Any]
+
+    def worker_env(self, table: str = "") -> WorkerEnv:
+        """The pod's environment contract; `table` is where its live world table comes from."""
+        return WorkerEnv(pod=self.pod, worlds=self.worlds, table=table)
+
+
+class DeletePod(_Model):
+    """Delete pod `pod` (kill the process locally). Deleting a missing pod is a no-op."""
+
+    action: Literal["delete"] = "delete"
+    pod: str
+    reason: str
+
+
+class PublishTable(_Model):
+    """Send this world table to every running worker (its revision grew)."""
+
+    action: Literal["publish"] = "publish"
+    table: WorldTable
+
+
+class EmitEvent(_Model):
+    """Record an event on the MultiWorld (`kubectl describe mw`); locally, show or log it."""
+
+    action: Literal["event"] = "event"
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+    world: str | None = None
+
+
+Action = Annotated[CreatePod | DeletePod | PublishTable | EmitEvent, Field(discriminator="action")]
+
+
+class Plan(_Model):
+    """The planner's answer. Execute `actions` in order (deletes, then the table, then
+    creates, then events), store `status`, and plan again after `requeue_after` seconds (a
+    restart waits for its backoff) or on the next change, whichever comes first."""
+
+    actions: list[Action] = Field(default_factory=list)
+    status: MultiWorldStatus
+    requeue_after: float | None = None
+
+    @property
+    def table(self) -> WorldTable:
+        return self.status.table
+
+    @property
+    def creates(self) -> list[CreatePod]:
+        return [a for a in self.actions if isinstance(a, CreatePod)]
+
+    @property
+    def deletes(self) -> list[DeletePod]:
+        return [a for a in self.actions if isinstance(a, DeletePod)]
+
+    @property
+    def events(self) -> list[EmitEvent]:
+        return [a for a in self.actions if isinstance(a, EmitEvent)]
+
+    @property
+    def publishes(self) -> list[PublishTable]:
+        return [a for a in self.actions if isinstance(a, PublishTable)]

@@ -1,0 +1,101 @@
+"""The MultiWorld `status`: what `kubectl get/describe mw` shows, and the planner's memory.
+
+The planner reads the previous status and returns the next one; platforms store it (the CR's
+status subresource, or the local runner's memory) with `to_dict()` and read it back with
+`MultiWorldStatus.from_dict(...)`. The CRD's status schema is generated from these models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from multiworld.contract import Backend, WorldTable
+
+WorldPhase = Literal["Pending", "Running", "Recovering", "Failed", "Succeeded"]
+Phase = Literal["Pending", "Running", "Degraded", "Recovering", "Failed", "Succeeded"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+# Phases in which a world is formed (or forming) at its epoch and listed in the world table.
+UP_PHASES: frozenset[str] = frozenset({"Pending", "Running", "Recovering"})
+
+
+class _StatusModel(BaseModel):
+    # Unknown keys are ignored so a status written by a newer controller still loads.
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True)
+
+
+class Failure(_StatusModel):
+    """Why a world's epoch ended: `reason` is PodFailed, PodDeleted or WorldBroken."""
+
+    time: datetime
+    reason: str
+    pod: str
+    rank: int
+    epoch: int
+    message: str = ""
+
+
+class WorldStatus(_StatusModel):
+    phase: WorldPhase = "Pending"
+    epoch: int = Field(default=1, ge=1)
+    size: int = 0
+    ready_ranks: int = 0
+    restarts: int = 0
+    last_failure: Failure | None = None
+    # When a restart waits for its backoff: the world leaves the table until then.
+    restart_at: datetime | None = None
+    # Restarts still inside the failure policy's window (oldest first).
+    recent_restarts: list[datetime] = Field(default_factory=list)
+    # The rank list and backend this epoch was formed with; a spec edit that changes them
+    # starts a new epoch.
+    pods: list[str] = Field(default_factory=list)
+    backend: Backend = "gloo"
+
+    @property
+    def up(self) -> bool:
+        return self.phase in UP_PHASES and self.restart_at is None
+
+
+class PodRecord(_StatusModel):
+    """The pod instance the planner asked for: `createdFor` stamps it (the epoch of each of its
+    worlds at creation); `observed` turns true once a platform reported that instance."""
+
+    created_for: dict[str, int]
+    observed: bool = False
+
+
+class Condition(_StatusModel):
+    type: str
+    status: ConditionStatus
+    reason: str
+    message: str = ""
+    last_transition_time: datetime
+
+
+class MultiWorldStatus(_StatusModel):
+    phase: Phase = "Pending"
+    observed_generation: int | None = None
+    worlds_ready: str = "0/0"
+    restarts: int = 0
+    worlds: dict[str, WorldStatus] = Field(default_factory=dict)
+    conditions: list[Condition] = Field(default_factory=list)
+    table: WorldTable = Field(default_factory=WorldTable)
+    pods: dict[str, PodRecord] = Field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The CR's `status` (JSON-ready, camelCase keys)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> MultiWorldStatus | None:
+        """Read back a stored status; None (or an empty dict) means the planner has not run yet."""
+        if not data or "worlds" not in data:
+            return None
+        return cls.model_validate(data)
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
