@@ -1,0 +1,260 @@
+"""What the MultiWorld examples share: flags, deterministic tensors, world setup and the
+per-world step loop. Each example only supplies its step (the operation it shows).
+
+A program is in its worlds either from `--worldinfo W,R` flags (world `world<W>`, rank R,
+rendezvous at `--addr`:`--port`+W) or, given no `--worldinfo`, from the MultiWorld contract
+environment (`multiworld.init_from_env()`), where it also follows the live world table.
+
+Every world runs in its own asyncio task, so a broken world never stalls the others. Exit
+status: 1 when every world of the process broke, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import enum
+import logging
+import os
+import sys
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
+
+import torch
+
+import multiworld as mw
+from multiworld import World, WorldAssignment, WorldBrokenError, WorldManager
+from multiworld.contract import WorkerEnv
+
+WORLD_SIZE = 3
+TENSOR_LENGTH = 3
+DEFAULT_PORT = 29500
+ROOT = 0  # the leader: source or destination of the rooted collectives
+
+StepFn = Callable[[World, int], Awaitable[None]]
+
+
+def say(line: str) -> None:
+    """One output line, flushed so that a reader of the pipe sees it at once."""
+    print(line, flush=True)
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def device_for(backend: str, rank: int) -> torch.device:
+    if backend == "nccl":
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def world_device(world: World) -> torch.device:
+    return device_for(world.backend, world.rank)
+
+
+def example_tensor(world: str, rank: int, step: int, device: torch.device) -> torch.Tensor:
+    """The tensor rank `rank` of `world` contributes at `step`: small random integers, seeded by
+    (world, rank, step) so that every process (and a test) can tell what any rank holds."""
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{world}/{rank}/{step}".encode()))
+    values = torch.randint(1, 7, (TENSOR_LENGTH,), generator=generator).float()
+    return values.to(device)
+
+
+def own_tensor(world: World, step: int) -> torch.Tensor:
+    return example_tensor(world.name, world.rank, step, world_device(world))
+
+
+def empty_tensor(world: World) -> torch.Tensor:
+    """A buffer shaped like every rank's tensor, for receiving into."""
+    return torch.empty(TENSOR_LENGTH, device=world_device(world))
+
+
+# ---- flags -------------------------------------------------------------------------------
+
+
+def at_least(convert: Callable[[str], float], low: float) -> Callable[[str], float]:
+    """An argparse type: `convert`, then refuse values below `low`."""
+    def parse(text: str) -> float:
+        value = convert(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+    parse.__name__ = convert.__name__  # argparse names it in "invalid int value: 'x'"
+    return parse
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {text}")
+    return value
+
+
+def _world_info(text: str) -> tuple[int, int]:
+    """`W,R`: world index W >= 1 and rank R >= 0."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected WORLD,RANK (two integers, e.g. 1,0), got {text!r}")
+    index, rank = (int(p) for p in parts)
+    if index < 1:
+        raise argparse.ArgumentTypeError(f"the world index must be >= 1, got {text!r}")
+    return index, rank
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags of every example, the single-world one included."""
+    parser.add_argument("--backend", choices=["nccl", "gloo"], default=default_backend(),
+                        help="communication backend (default: nccl when CUDA is available, else gloo)")
+    parser.add_argument("--addr", default="127.0.0.1", help="address of the rendezvous host (rank 0)")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                        help="rendezvous port (with --worldinfo W,R: world W uses PORT+W)")
+    parser.add_argument("--steps", type=at_least(int, 1), default=100, help="how many steps to run")
+    parser.add_argument("--interval", type=at_least(float, 0), default=1.0,
+                        help="seconds to sleep between steps")
+
+
+def build_parser(description: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    add_run_flags(parser)
+    parser.add_argument("--worldinfo", type=_world_info, action="append", default=[], metavar="W,R",
+                        help="join world<W> as rank R (repeatable); "
+                             "without it the worlds come from the MULTIWORLD_* environment")
+    parser.add_argument("--worldsize", type=at_least(int, 2), default=WORLD_SIZE,
+                        help="ranks per world with --worldinfo (default 3)")
+    return parser
+
+
+def assignments_from_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[WorldAssignment]:
+    indices = [index for index, _ in args.worldinfo]
+    if len(set(indices)) != len(indices):
+        parser.error(f"--worldinfo: a world index appears twice in {indices}")
+    assignments = []
+    for index, rank in args.worldinfo:
+        if rank >= args.worldsize:
+            parser.error(f"--worldinfo {index},{rank}: rank must be below --worldsize {args.worldsize}")
+        if args.port + index > 65535:
+            parser.error(f"--port {args.port} + world index {index} is not a TCP port")
+        assignments.append(WorldAssignment(
+            name=f"world{index}", rank=rank, size=args.worldsize, host=args.addr,
+            port=args.port + index, epoch=1, backend=args.backend,
+        ))
+    return assignments
+
+
+# ---- where worlds come from --------------------------------------------------------------
+
+
+class WorldSource:
+    """Worlds given once by `--worldinfo`: joined at start, dropped when they break."""
+
+    def __init__(self, manager: WorldManager, assignments: Sequence[WorldAssignment]) -> None:
+        self.manager = manager
+        self._assignments = {a.name: a for a in assignments}
+
+    def names(self) -> list[str]:
+        return list(self._assignments)
+
+    async def first(self, name: str) -> World | None:
+        return await self.manager.join_async(self._assignments[name])
+
+    async def after_break(self, name: str, epoch: int) -> World | None:
+        """The world to go on with after `epoch` broke, or None to stop using it."""
+        return None
+
+
+class LiveWorldSource(WorldSource):
+    """Worlds of the contract environment, following the live table: a broken world is taken
+    up again at its next epoch; a world whose table entry is removed ends."""
+
+    async def first(self, name: str) -> World | None:
+        return await self._wait(name, None)
+
+    async def after_break(self, name: str, epoch: int) -> World | None:
+        return await self._wait(name, epoch)
+
+    async def _wait(self, name: str, newer_than: int | None) -> World | None:
+        try:
+            return await self.manager.wait_world(name, newer_than=newer_than)
+        except mw.UnknownWorldError:
+            say(f"{name} ended: removed from the world table")
+            return None
+
+
+def source_from_env(parser: argparse.ArgumentParser) -> WorldSource:
+    try:
+        env = WorkerEnv.from_env(os.environ)
+    except ValueError as exc:
+        parser.error(f"no --worldinfo given, and the MultiWorld environment is unusable: {exc}")
+    manager = mw.init_from_env()
+    # Without a table channel the start-up worlds are final: nothing would ever rebuild them.
+    source_type = LiveWorldSource if env.table else WorldSource
+    return source_type(manager, env.worlds)
+
+
+# ---- the step loop -----------------------------------------------------------------------
+
+
+class Outcome(enum.Enum):
+    FINISHED = "finished"
+    ENDED = "ended"  # removed from the table before it was ever held: not a failure
+    BROKEN = "broken"
+
+
+async def drive_world(source: WorldSource, name: str, step: StepFn, steps: int, interval: float) -> Outcome:
+    """Run `steps` steps in one world; after a break, go on at the same step in the rebuilt
+    world when the source has one."""
+    try:
+        world = await source.first(name)
+    except Exception as exc:  # a failed rendezvous ends this world only
+        say(f"{name} failed to join: {exc}")
+        return Outcome.BROKEN
+    if world is None:
+        return Outcome.ENDED
+    number = 1
+    while number <= steps:
+        try:
+            await step(world, number)
+        except WorldBrokenError as exc:
+            say(f"{name} broke: {exc.reason}")
+            rebuilt = await source.after_break(name, exc.epoch)
+            if rebuilt is None:
+                return Outcome.BROKEN
+            world = rebuilt
+            say(f"{name} rejoined at epoch {world.epoch}")
+            continue
+        say(f"done with step: {number}")
+        number += 1
+        if number <= steps:
+            await asyncio.sleep(interval)
+    return Outcome.FINISHED
+
+
+async def _run(source: WorldSource, step: StepFn, steps: int, interval: float) -> int:
+    try:
+        outcomes = await asyncio.gather(
+            *(drive_world(source, name, step, steps, interval) for name in source.names())
+        )
+    finally:
+        source.manager.close()
+    if outcomes and all(o is Outcome.BROKEN for o in outcomes):
+        say("every world broke: exiting with status 1")
+        return 1
+    return 0
+
+
+def run_example(step: StepFn, description: str | None = None, argv: Sequence[str] | None = None) -> int:
+    """Parse the flags, take the worlds, drive each one with `step`; returns the exit status."""
+    parser = build_parser(description)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("MULTIWORLD_LOG_LEVEL", "WARNING").upper())
+    if args.worldinfo:
+        source = WorldSource(WorldManager(pod=f"{os.uname().nodename}-{os.getpid()}"),
+                             assignments_from_flags(args, parser))
+    else:
+        source = source_from_env(parser)
+    return asyncio.run(_run(source, step, args.steps, args.interval))
+
+
+def main(step: StepFn, description: str | None = None) -> None:
+    sys.exit(run_example(step, description))

@@ -1,0 +1,104 @@
+"""One plain torch.distributed world (`init_process_group`), for contrast with MultiWorld: the
+leader (rank 0) receives from every other rank each step. Everyone shares the one world, so one
+dead rank takes every other rank down with it.
+
+Without --multihost this spawns --worldsize processes itself; with it, it is the one rank --rank.
+A rank that loses the world says so and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the examples' shared module
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import common  # noqa: E402
+
+WORLD = "world"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__)
+    common.add_run_flags(parser)
+    parser.add_argument("--worldsize", type=common.at_least(int, 2), default=common.WORLD_SIZE,
+                        help="ranks in the world")
+    parser.add_argument("--multihost", action="store_true",
+                        help="run only rank --rank here (start the others on their hosts)")
+    parser.add_argument("--rank", type=int, help="this process's rank (with --multihost)")
+    parser.add_argument("--timeout", type=common.at_least(float, 0.1), default=30.0,
+                        help="seconds an operation may wait for a silent peer")
+    return parser
+
+
+def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if args.multihost and args.rank is None:
+        parser.error("--rank: required with --multihost")
+    if args.rank is not None and not 0 <= args.rank < args.worldsize:
+        parser.error(f"--rank: must be in [0, {args.worldsize}), got {args.rank}")
+
+
+def _step(rank: int, size: int, step: int, backend: str) -> None:
+    device = common.device_for(backend, rank)
+    if rank == common.ROOT:
+        for peer in range(1, size):
+            tensor = torch.zeros(common.TENSOR_LENGTH, device=device)
+            dist.recv(tensor, src=peer)
+            common.say(f"rank: {rank} received tensor: {tensor} from rank {peer}")
+    else:
+        tensor = common.example_tensor(WORLD, rank, step, device)
+        dist.send(tensor, dst=common.ROOT)
+        common.say(f"rank: {rank} sent tensor: {tensor}")
+
+
+def run_rank(rank: int, args: argparse.Namespace) -> None:
+    dist.init_process_group(
+        args.backend, init_method=f"tcp://{args.addr}:{args.port}", rank=rank,
+        world_size=args.worldsize, timeout=timedelta(seconds=args.timeout),
+    )
+    try:
+        for step in range(1, args.steps + 1):
+            _step(rank, args.worldsize, step, args.backend)
+            common.say(f"done with step: {step}")
+            if step < args.steps:
+                time.sleep(args.interval)
+    except RuntimeError as exc:  # torch's DistBackendError and gloo's errors are RuntimeErrors
+        common.say(f"rank: {rank} lost the world: {exc}")
+        # A normal exit would wait out the broken group's pending operations.
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+def _spawn_all(args: argparse.Namespace) -> int:
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=run_rank, args=(rank, args)) for rank in range(args.worldsize)]
+    for rank, process in enumerate(processes):
+        process.start()
+        common.say(f"rank: {rank} runs as pid {process.pid}")
+    for process in processes:
+        process.join()
+    codes = [process.exitcode for process in processes]
+    common.say(f"exit codes by rank: {codes}")
+    return 0 if all(code == 0 for code in codes) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check(args, parser)
+    if args.multihost:
+        run_rank(args.rank, args)
+        return 0
+    return _spawn_all(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
