@@ -63,6 +63,10 @@ _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+# Patterns the CRD carries so the API server refuses bad values early; the models check the
+# same rules themselves (with messages naming the field) rather than through these.
+_NAME_SCHEMA = {"pattern": _DNS1123_LABEL.pattern, "maxLength": MAX_LABEL}
+_DURATION_SCHEMA = {"pattern": _DURATION.pattern}
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # The cross-field validator raises this error type; parse_manifest reports those problems from
 # its own pass over the raw data instead, so they are listed once, next to the field errors.
@@ -80,9 +84,9 @@ class SpecError(ValueError):
 
 def parse_duration(text: str) -> float:
     """Seconds in a duration like `30s`, `5m`, `1h`, `1h30m`, `500ms`, `2d`."""
-    if not isinstance(text, str) or not _DURATION.match(text.strip()):
+    if not isinstance(text, str) or not _DURATION.match(text):
         raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h or 1h30m")
-    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text.strip()))
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
 
 
 def _check_duration(value: str) -> str:
@@ -100,9 +104,10 @@ class Backoff(_SpecModel):
     """Delay before a world's k-th restart within the window: 0 for the first, then
     `initialDelay * factor**(k-2)`, capped at `maxDelay`."""
 
-    initial_delay: str = "1s"
-    max_delay: str = "1m"
-    factor: float = Field(default=2.0, ge=1.0)
+    initial_delay: str = Field(default="1s", json_schema_extra=_DURATION_SCHEMA,
+                               description="Delay before the second restart within the window.")
+    max_delay: str = Field(default="1m", json_schema_extra=_DURATION_SCHEMA, description="Longest delay.")
+    factor: float = Field(default=2.0, ge=1.0, description="Each further restart waits this many times longer.")
 
     _durations = field_validator("initial_delay", "max_delay")(_check_duration)
 
@@ -117,9 +122,10 @@ class Backoff(_SpecModel):
 class FailurePolicy(_SpecModel):
     """At most `maxRestarts` restarts of a world within any `window`; then the world is Failed."""
 
-    max_restarts: int = Field(default=10, ge=0)
-    window: str = "1h"
-    backoff: Backoff = Field(default_factory=Backoff)
+    max_restarts: int = Field(default=10, ge=0, description="Restarts allowed within `window`.")
+    window: str = Field(default="1h", json_schema_extra=_DURATION_SCHEMA,
+                        description="A duration such as 30s, 5m, 1h or 1h30m.")
+    backoff: Backoff = Field(default_factory=Backoff, description="Delays between restarts; the first is immediate.")
 
     _window = field_validator("window")(_check_duration)
 
@@ -131,25 +137,32 @@ class FailurePolicy(_SpecModel):
 class Member(_SpecModel):
     """A set of identical pods `<mw>-<name>-<ordinal>`, declared once, used by many worlds."""
 
-    name: str
-    replicas: int = Field(default=1, ge=1)
-    template: dict[str, Any] | None = None
+    name: str = Field(json_schema_extra=_NAME_SCHEMA)
+    replicas: int = Field(default=1, ge=1, description="Pods of this member, ordinals 0..replicas-1.")
+    template: dict[str, Any] | None = Field(
+        default=None, description="A PodTemplateSpec replacing spec.template for this member."
+    )
 
 
 class World(_SpecModel):
     """One communication group: the members' pods in rank order."""
 
-    name: str
-    ranks: list[str]
-    backend: BackendChoice | None = None
+    name: str = Field(json_schema_extra=_NAME_SCHEMA)
+    ranks: list[str] = Field(
+        json_schema_extra={"items": {"type": "string", **_NAME_SCHEMA}},
+        description="Member names; each expands to its pods in ordinal order, rank r is the r-th pod.",
+    )
+    backend: BackendChoice | None = Field(default=None, description="Overrides spec.backend for this world.")
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
 
 
 class MultiWorldSpec(_SpecModel):
-    backend: BackendChoice = "auto"
-    template: dict[str, Any] = Field(default_factory=dict)
-    members: list[Member] = Field(min_length=1)
-    worlds: list[World] = Field(min_length=1)
+    backend: BackendChoice = Field(
+        default="auto", description="auto: nccl when every rank of a world requests nvidia.com/gpu, else gloo."
+    )
+    template: dict[str, Any] = Field(default_factory=dict, description="The default PodTemplateSpec of every member.")
+    members: list[Member] = Field(min_length=1, description="Pods, declared once.")
+    worlds: list[World] = Field(min_length=1, description="Communication groups, many-to-many with members.")
 
 
 class Metadata(BaseModel):

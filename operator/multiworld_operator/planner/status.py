@@ -90,6 +90,12 @@ class MultiWorldStatus(_StatusModel):
         """The CR's `status` (JSON-ready, camelCase keys)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
+    def merge_patch(self, stored: Mapping[str, Any] | None) -> dict[str, Any]:
+        """A JSON merge patch turning the `stored` status into this one. Keys this status no
+        longer has (a removed world or pod record, a cleared restartAt) become null, which a
+        merge patch needs to delete them; a plain `to_dict()` would leave them behind."""
+        return _merge_patch(stored or {}, self.to_dict())
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> MultiWorldStatus | None:
         """Read back a stored status; None (or an empty dict) means the planner has not run yet."""
@@ -99,3 +105,14 @@ class MultiWorldStatus(_StatusModel):
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
+
+
+def _merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            patch[key] = _merge_patch(before, value)
+        else:
+            patch[key] = value
+    return patch
