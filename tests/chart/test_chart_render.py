@@ -1,0 +1,232 @@
+"""The chart lints clean and renders least-privilege RBAC, the Deployment and the workers'
+identity in both RBAC modes (all namespaces, or a list of namespaces)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import helm_python as helm
+import pytest
+from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, REPO, Manifest, Rendered
+
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+
+
+def grants(group: str, resources: Iterable[str], verbs: Iterable[str]) -> set[Grant]:
+    return {(group, resource, verb) for resource in resources for verb in verbs}
+
+
+# What the operator does in a managed namespace (see the brief of the operator): nothing more.
+OPERATOR_IN_NAMESPACE = (
+    grants("multiworld.io", ["multiworlds"], ["get", "list", "watch", "patch", "update"])
+    | grants("multiworld.io", ["multiworlds/status"], ["get", "patch", "update"])
+    | grants("", ["pods", "services"], ["get", "list", "watch", "create", "delete", "patch"])
+    | grants("", ["events"], ["create", "patch"])
+    | grants("events.k8s.io", ["events"], ["create", "patch"])
+)
+# kopf's scan of CustomResourceDefinitions: the only cluster-scoped right it needs.
+CRD_READ = grants("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list", "watch"])
+WORKER_IN_NAMESPACE = (
+    grants("multiworld.io", ["multiworlds"], ["get", "list", "watch"])
+    | grants("", ["pods"], ["get", "patch"])
+    | grants("", ["events"], ["create"])
+    | grants("events.k8s.io", ["events"], ["create"])
+)
+
+NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+BOTH_MODES = pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["all-namespaces", "namespaced"])
+
+
+def granted(role: Manifest) -> set[Grant]:
+    """Every (group, resource, verb) a Role or ClusterRole allows."""
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def strings_in(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from strings_in(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings_in(item)
+
+
+def operator_subject() -> dict[str, str]:
+    return {"kind": "ServiceAccount", "name": FULLNAME, "namespace": RELEASE_NAMESPACE}
+
+
+def container(rendered: Rendered) -> Manifest:
+    deployment = rendered.one("Deployment", FULLNAME, RELEASE_NAMESPACE)
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+@BOTH_MODES
+def test_lint_is_clean(values: dict[str, Any]) -> None:
+    report = helm.lint(CHART_DIR, values, strict=True, namespace=RELEASE_NAMESPACE)
+    assert report["errors"] == []
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert problems == []
+
+
+@BOTH_MODES
+def test_no_rule_uses_a_wildcard(render: Callable[..., Rendered], values: dict[str, Any]) -> None:
+    roles = render(values).of_kind("ClusterRole") + render(values).of_kind("Role")
+    assert roles
+    for role in roles:
+        assert not [s for s in strings_in(role["rules"]) if "*" in s], role["metadata"]["name"]
+
+
+def test_all_namespaces_mode_grants_through_one_cluster_role(render: Callable[..., Rendered]) -> None:
+    rendered = render()
+    cluster_role = rendered.one("ClusterRole", FULLNAME)
+    assert granted(cluster_role) == OPERATOR_IN_NAMESPACE | CRD_READ
+    binding = rendered.one("ClusterRoleBinding", FULLNAME)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": FULLNAME}
+    assert binding["subjects"] == [operator_subject()]
+    assert [r for r in rendered.of_kind("Role") if r["metadata"]["name"] == FULLNAME] == []
+    assert "--namespace" not in container(rendered)["args"]
+
+
+def test_namespaced_mode_grants_a_role_per_namespace_and_only_crd_read_cluster_wide(
+    render: Callable[..., Rendered],
+) -> None:
+    rendered = render(NAMESPACED)
+    assert granted(rendered.one("ClusterRole", FULLNAME)) == CRD_READ
+    for namespace in NAMESPACED["watchNamespaces"]:
+        assert granted(rendered.one("Role", FULLNAME, namespace)) == OPERATOR_IN_NAMESPACE
+        binding = rendered.one("RoleBinding", FULLNAME, namespace)
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["roleRef"]["name"] == FULLNAME
+        assert binding["subjects"] == [operator_subject()]
+    operator_roles = [r for r in rendered.of_kind("Role") if r["metadata"]["name"] == FULLNAME]
+    assert sorted(r["metadata"]["namespace"] for r in operator_roles) == NAMESPACED["watchNamespaces"]
+    args = container(rendered)["args"]
+    watched = [args[i + 1] for i, arg in enumerate(args) if arg == "--namespace"]
+    assert watched == NAMESPACED["watchNamespaces"]
+
+
+@BOTH_MODES
+def test_deployment_runs_one_hardened_operator(render: Callable[..., Rendered], values: dict[str, Any]) -> None:
+    rendered = render(values)
+    deployment = rendered.one("Deployment", FULLNAME, RELEASE_NAMESPACE)
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == FULLNAME
+    assert rendered.one("ServiceAccount", FULLNAME, RELEASE_NAMESPACE)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    main = container(rendered)
+    security = main["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == 10001
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert main["resources"]["requests"] and main["resources"]["limits"]
+    probe = main["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert ports[probe["port"]] == 8080
+    assert main["args"][:2] == ["--liveness", "http://0.0.0.0:8080/healthz"]
+    scratch = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    assert scratch == {"tmp": "/tmp"}
+
+
+def test_image_and_health_port_come_from_values(render: Callable[..., Rendered]) -> None:
+    chart_version = render().objects[0]["metadata"]["labels"]["app.kubernetes.io/version"]
+    assert container(render())["image"] == f"multiworld/operator:{chart_version}"
+    main = container(
+        render({
+            "image": {"repository": "registry.example/mw-op", "tag": "1.2.3", "pullPolicy": "Always"},
+            "healthPort": 9090,
+            "logLevel": "DEBUG",
+        })
+    )
+    assert main["image"] == "registry.example/mw-op:1.2.3"
+    assert main["imagePullPolicy"] == "Always"
+    assert main["args"][:2] == ["--liveness", "http://0.0.0.0:9090/healthz"]
+    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {"health": 9090}
+    assert {"name": "MULTIWORLD_LOG_LEVEL", "value": "DEBUG"} in main["env"]
+
+
+def test_app_version_is_the_project_version(chart: helm.Chart) -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart.metadata["appVersion"] == project["version"]
+
+
+@pytest.mark.parametrize(
+    ("values", "namespaces"),
+    [
+        ({}, [RELEASE_NAMESPACE]),
+        (NAMESPACED, NAMESPACED["watchNamespaces"]),
+        ({"workers": {"create": True, "serviceAccountName": "trainer", "namespaces": ["jobs"]}}, ["jobs"]),
+    ],
+    ids=["release-namespace", "watched-namespaces", "explicit-namespaces"],
+)
+def test_workers_get_a_service_account_and_role_where_multiworlds_run(
+    render: Callable[..., Rendered], values: dict[str, Any], namespaces: list[str]
+) -> None:
+    rendered = render(values)
+    name = values.get("workers", {}).get("serviceAccountName", "multiworld-worker")
+    for namespace in namespaces:
+        assert rendered.one("ServiceAccount", name, namespace)
+        assert granted(rendered.one("Role", name, namespace)) == WORKER_IN_NAMESPACE
+        binding = rendered.one("RoleBinding", name, namespace)
+        assert binding["roleRef"]["name"] == name
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+    assert sorted(sa["metadata"]["namespace"] for sa in rendered.of_kind("ServiceAccount")
+                  if sa["metadata"]["name"] == name) == sorted(namespaces)
+    assert f"serviceAccountName: {name}" in rendered.notes
+    assert "kubectl get mw" in rendered.notes
+    assert "kubectl apply" in rendered.notes
+
+
+def test_workers_create_false_renders_no_worker_objects(render: Callable[..., Rendered]) -> None:
+    rendered = render({"workers": {"create": False, "serviceAccountName": "multiworld-worker", "namespaces": []}})
+    names = {obj["metadata"]["name"] for obj in rendered.objects}
+    assert "multiworld-worker" not in names
+    assert "multiworld-worker" in rendered.notes
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"replicas": 2}, "/replicas"),
+        ({"replicas": "one"}, "/replicas"),
+        ({"replica": 1}, "replica"),
+        ({"image": {"repository": "x", "tag": "1", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"workers": {"create": True, "serviceAccountName": "w", "namespaces": [], "extra": 1}}, "extra"),
+        ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
+        ({"logLevel": "LOUD"}, "/logLevel"),
+    ],
+    ids=["too-many-replicas", "replicas-not-integer", "unknown-key", "bad-pull-policy",
+         "unknown-nested-key", "bad-namespace", "bad-log-level"],
+)
+def test_schema_refuses_bad_values_naming_them(
+    chart: helm.Chart, render: Callable[..., Rendered], values: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(helm.HelmValuesError) as refused:
+        chart.validate_schema(chart.merge_values(values))
+    assert named in str(refused.value)
+    with pytest.raises(helm.HelmValuesError) as refused_at_render:
+        render(values)
+    assert named in str(refused_at_render.value)
+
+
+def test_schema_accepts_the_defaults_and_both_modes(chart: helm.Chart) -> None:
+    chart.validate_schema(chart.merge_values({}))
+    chart.validate_schema(chart.merge_values(NAMESPACED))
+    chart.validate_schema(chart.merge_values({"replicas": 0}))
