@@ -1,0 +1,80 @@
+"""`multiworld run | operator | crd`: one entry point, each command imported only when used
+(the local runner needs no kopf, the operator needs no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="multiworld", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a MultiWorld manifest as local processes, no cluster needed")
+    run.add_argument("file", type=Path, help="YAML file holding a MultiWorld manifest")
+    run.add_argument("--duration", type=_positive, help="stop everything after SECONDS")
+    run.add_argument("--kill", action="append", default=[], metavar="MEMBER[:ORDINAL]",
+                     help="SIGKILL a member's pod (repeatable, paired in order with --after)")
+    run.add_argument("--after", action="append", default=[], type=_non_negative, metavar="SECONDS",
+                     help="when the matching --kill happens, in seconds after start")
+    run.add_argument("--chaos", type=_non_negative, default=0.0, metavar="KILLS_PER_MINUTE",
+                     help="kill random members at this average rate")
+    run.add_argument("--seed", type=int, help="random seed for --chaos and random ordinals")
+    run.add_argument("--log-dir", type=Path, help="where each member's output goes (default: a temp dir)")
+    run.add_argument("--workdir", type=Path, help="working directory of the members (default: found from the command)")
+    run.add_argument("--json", action="store_true", help="end with the summary as one JSON line")
+    run.add_argument("--no-view", action="store_true", help="no live view; log state changes instead")
+
+    op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
+    op.add_argument("--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+
+    sub.add_parser("crd", help="print the MultiWorld CustomResourceDefinition generated from the spec models")
+    return parser
+
+
+def _configure_logging(verbose: int) -> None:
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
+    if os.environ.get("MULTIWORLD_LOG_LEVEL"):
+        level = logging.getLevelName(os.environ["MULTIWORLD_LOG_LEVEL"].upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    if args.command == "crd":
+        from multiworld_operator.crd import crd_yaml
+
+        sys.stdout.write(crd_yaml())
+        return 0
+    if args.command == "run":
+        from multiworld_operator.local.runner import run_from_args
+
+        return run_from_args(args)
+    from multiworld_operator.kube.main import run_operator
+
+    return run_operator(namespaces=args.namespace, liveness=args.liveness)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Member pods as local processes: start one from its pod template, watch it, stop it.
+
+Each process leads its own session (process group), so stopping a member also stops anything
+it spawned: `multiworld run` leaves no orphan behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class TemplateError(ValueError):
+    """A pod template that cannot run as a local process; the message names the field."""
+
+
+def container_command(template: Mapping[str, Any], field: str) -> tuple[list[str], dict[str, str]]:
+    """The first container's command + args and plain env values, as a local process runs them.
+
+    A command that starts with `python` runs under this interpreter, so the manifest that names
+    the worker image's python works unchanged on a laptop.
+    """
+    containers = (template.get("spec") or {}).get("containers") or []
+    if not containers:
+        raise TemplateError(f"{field}.spec.containers: at least one container is required")
+    container = containers[0]
+    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+    if not argv:
+        raise TemplateError(
+            f"{field}.spec.containers[0]: a command is required to run locally (the image is ignored)"
+        )
+    if Path(argv[0]).name.startswith("python"):
+        argv[0] = sys.executable
+    env: dict[str, str] = {}
+    for item in container.get("env") or []:
+        if "value" in item:
+            env[str(item["name"])] = str(item["value"])
+        else:
+            log.warning("%s.spec.containers[0].env[%s]: valueFrom is ignored locally", field, item.get("name"))
+    return argv, env
+
+
+def find_workdir(argv: list[str], candidates: list[Path]) -> Path:
+    """The first candidate directory in which the command's relative script paths exist."""
+    scripts = [a for a in argv[1:] if a.endswith(".py") and not os.path.isabs(a)]
+    for directory in candidates:
+        if all((directory / s).is_file() for s in scripts):
+            return directory
+    return candidates[0]
+
+
+class MemberProcess:
+    """One incarnation of one pod."""
+
+    def __init__(self, pod: str, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.pod = pod
+        self.proc = proc
+        self.log_path = log_path
+        self.started = time.monotonic()
+        self.killed_by_runner = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    @classmethod
+    async def start(
+        cls, pod: str, argv: list[str], env: Mapping[str, str], workdir: Path, log_dir: Path
+    ) -> MemberProcess:
+        log_path = log_dir / f"{pod}.log"
+        with open(log_path, "ab") as out:
+            out.write(f"--- start {shlex.join(argv)}\n".encode())
+            out.flush()
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=workdir,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+            )
+        log.debug("started %s pid=%d", pod, proc.pid)
+        return cls(pod, proc, log_path)
+
+    def signal(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (fault injection and final clean-up)."""
+        self.killed_by_runner = True
+        self.signal(signal.SIGKILL)
+
+    async def stop(self, grace: float) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds; always reaps the group."""
+        if self.proc.returncode is None:
+            self.signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace)
+            except asyncio.TimeoutError:
+                pass
+        self.signal(signal.SIGKILL)
+        await self.proc.wait()
+
+    def group_alive(self) -> bool:
+        """Whether any process of this member's group still exists (an orphan, after stop)."""
+        try:
+            os.killpg(self.proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True

@@ -1,0 +1,313 @@
+"""`multiworld run FILE.yaml`: the local platform.
+
+Each pod of the manifest becomes a local process; the planner decides everything, exactly as
+in Kubernetes. This module only observes (process exits, worker reports and status over the
+local channel) and executes (start, kill, publish the world table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from multiworld.contract import Backend, BrokenWorldReport, WorkerStatus
+
+from ..planner import CreatePod, DeletePod, EmitEvent, MultiWorldStatus, Observation, PodObservation, PublishTable, plan
+from ..spec import MultiWorld, SpecError, load_manifest
+from .channel_server import ChannelServer
+from .faults import FaultSchedule, Kill, planned_kills
+from .processes import MemberProcess, TemplateError, container_command, find_workdir
+from .summary import RunSummary, WorldTracker
+from .view import LiveView, WorldRow
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 3.0
+IDLE_TICK_S = 0.5
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def cuda_available() -> bool:
+    """Whether this machine has an NVIDIA driver, checked without importing torch."""
+    return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
+
+
+class LocalRunner:
+    def __init__(
+        self,
+        multiworld: MultiWorld,
+        *,
+        manifest_dir: Path,
+        kills: list[Kill],
+        chaos_per_minute: float = 0.0,
+        duration: float | None = None,
+        seed: int | None = None,
+        log_dir: Path | None = None,
+        workdir: Path | None = None,
+        view: LiveView | None = None,
+    ) -> None:
+        self.mw = multiworld
+        self.duration = duration
+        self.rng = random.Random(seed)
+        self.faults = FaultSchedule(kills, chaos_per_minute, [m.name for m in multiworld.spec.members], self.rng)
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"multiworld-{multiworld.name}-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.view = view or LiveView(f"multiworld run {multiworld.name}")
+        self.commands = {m.name: container_command(multiworld.template_of(m.name), _template_field(multiworld, m.name))
+                         for m in multiworld.spec.members}
+        self.workdir = workdir or find_workdir(
+            next(iter(self.commands.values()))[0], [Path.cwd(), manifest_dir, *manifest_dir.parents]
+        )
+        self.procs: dict[str, MemberProcess] = {}
+        self.created_for: dict[str, dict[str, int]] = {}
+        self.joined: dict[str, dict[str, int]] = {}
+        self.reports: list[BrokenWorldReport] = []
+        self.errors: dict[str, dict[str, int]] = {}  # errors per world, of finished incarnations
+        self.live_errors: dict[str, dict[str, int]] = {}  # per pod, of its current incarnation
+        self.status: MultiWorldStatus | None = None
+        self.trackers = {w.name: WorldTracker() for w in multiworld.spec.worlds}
+        self.changed = asyncio.Event()
+        self.stopping = False
+        self.backends: dict[str, Backend] = {}
+        cuda = cuda_available()
+        for world in multiworld.spec.worlds:
+            backend, warning = multiworld.local_backend_of(world.name, cuda)
+            self.backends[world.name] = backend
+            if warning:
+                self.view.event(f"warning: {warning}")
+        self.ports = {w.name: free_port() for w in multiworld.spec.worlds}
+        self.server = ChannelServer(on_report=self._on_report, on_status=self._on_status)
+        self.table_url = ""
+
+    # --- inputs -------------------------------------------------------------------------
+    def _on_report(self, report: BrokenWorldReport) -> None:
+        self.reports.append(report)
+        self.changed.set()
+
+    def _on_status(self, status: WorkerStatus) -> None:
+        if status.pod not in self.procs:
+            return
+        self.joined[status.pod] = dict(status.joined)
+        self.live_errors[status.pod] = dict(status.errors)
+        self.changed.set()
+
+    def _observe(self) -> Observation:
+        pods = []
+        for name, proc in self.procs.items():
+            member, ordinal = self.mw.member_of_pod(name)
+            code = proc.returncode
+            phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
+            pods.append(PodObservation(name=name, member=member, ordinal=ordinal, phase=phase,
+                                       created_for=self.created_for[name], joined=self.joined.get(name, {})))
+        reports, self.reports = self.reports, []
+        return Observation(now=datetime.now(timezone.utc), pods=pods, reports=reports)
+
+    # --- outputs ------------------------------------------------------------------------
+    async def _execute(self, actions: list) -> None:
+        for action in actions:
+            if isinstance(action, DeletePod):
+                await self._delete(action.pod)
+            elif isinstance(action, PublishTable):
+                self.server.publish(action.table)
+            elif isinstance(action, CreatePod):
+                await self._create(action)
+            elif isinstance(action, EmitEvent):
+                self.view.event(f"{action.type} {action.reason}: {action.message}")
+
+    async def _delete(self, pod: str) -> None:
+        proc = self.procs.pop(pod, None)
+        if proc is None:
+            return
+        await proc.stop(grace=0)
+        self._retire(pod)
+
+    def _retire(self, pod: str) -> None:
+        """Fold a finished incarnation's error counts into the run's totals."""
+        for world, count in self.live_errors.pop(pod, {}).items():
+            self.errors.setdefault(world, {})
+            self.errors[world][pod] = self.errors[world].get(pod, 0) + count
+        self.joined.pop(pod, None)
+
+    async def _create(self, action: CreatePod) -> None:
+        if action.pod in self.procs:
+            return
+        argv, env = self.commands[action.member]
+        env = {**env, **action.worker_env(self.table_url).to_env()}
+        proc = await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir)
+        self.procs[action.pod] = proc
+        self.created_for[action.pod] = dict(action.created_for)
+        self.joined[action.pod] = {}
+        asyncio.get_running_loop().create_task(self._watch_exit(proc))
+
+    async def _watch_exit(self, proc: MemberProcess) -> None:
+        code = await proc.proc.wait()
+        if not self.stopping and not proc.killed_by_runner:
+            self.view.event(f"{proc.pod} exited with code {code}")
+        self.changed.set()
+
+    # --- faults -------------------------------------------------------------------------
+    def _inject(self, kill: Kill) -> None:
+        pods = [p for p in self.mw.pods_of(kill.member) if p in self.procs and self.procs[p].returncode is None]
+        if kill.ordinal is not None:
+            pods = [p for p in pods if p == self.mw.pods_of(kill.member)[kill.ordinal]]
+        if not pods:
+            self.view.event(f"kill {kill.member}{'' if kill.ordinal is None else f':{kill.ordinal}'}: no running pod")
+            return
+        pod = self.rng.choice(pods)
+        self.view.event(f"injecting failure: SIGKILL {pod}")
+        for world in self.mw.worlds_of_pod(pod):
+            self.trackers[world].fault_injected(time.monotonic())
+        self.procs[pod].kill()
+
+    # --- the loop -----------------------------------------------------------------------
+    def _rows(self) -> list[WorldRow]:
+        rows = []
+        for world in self.mw.spec.worlds:
+            ws = self.status.worlds.get(world.name) if self.status else None
+            rows.append(WorldRow(
+                name=world.name,
+                phase=ws.phase if ws else "Pending",
+                epoch=ws.epoch if ws else 1,
+                ready=ws.ready_ranks if ws else 0,
+                size=len(self.mw.world_pods(world.name)),
+                restarts=ws.restarts if ws else 0,
+                errors=self._errors_of(world.name),
+            ))
+        return rows
+
+    def _errors_of(self, world: str) -> int:
+        finished = sum(self.errors.get(world, {}).values())
+        return finished + sum(errs.get(world, 0) for errs in self.live_errors.values())
+
+    def _finished(self) -> bool:
+        if self.status is None:
+            return False
+        if all(ws.phase in ("Failed", "Succeeded") for ws in self.status.worlds.values()):
+            return True
+        return bool(self.procs) and all(p.returncode is not None for p in self.procs.values()) and all(
+            self.procs[p].returncode == 0 for p in self.procs)
+
+    async def run(self) -> RunSummary:
+        self.table_url = await self.server.start()
+        self.view.event(f"member logs in {self.log_dir}")
+        started = time.monotonic()
+        endpoint = lambda world, _rank0_pod: ("127.0.0.1", self.ports[world])  # noqa: E731
+        try:
+            while True:
+                elapsed = time.monotonic() - started
+                if self.duration is not None and elapsed >= self.duration:
+                    break
+                for kill in self.faults.due(elapsed):
+                    self._inject(kill)
+                self.changed.clear()
+                result = plan(self.mw, self.status, self._observe(), endpoint=endpoint,
+                              backend_of=self.backends.__getitem__)
+                await self._execute(result.actions)
+                self.status = result.status
+                now = time.monotonic()
+                for name, ws in self.status.worlds.items():
+                    self.trackers[name].observe(ws.phase, ws.epoch, ws.ready_ranks >= ws.size, now)
+                self.view.update(self._rows(), note=self.status.phase)
+                if self._finished():
+                    break
+                next_fault = self.faults.next_at()
+                timeout = min(IDLE_TICK_S, result.requeue_after or IDLE_TICK_S,
+                              IDLE_TICK_S if next_fault is None else next_fault - elapsed)
+                if self.duration is not None:
+                    timeout = min(timeout, self.duration - elapsed)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), max(timeout, 0.0))
+        finally:
+            orphans = await self.stop()
+        return self.summary(orphans)
+
+    def request_stop(self) -> None:
+        self.view.event("stopping")
+        self.duration = 0.0
+        self.changed.set()
+
+    async def stop(self) -> int:
+        """Stop every member (TERM, then KILL) and count process groups that outlived that."""
+        self.stopping = True
+        procs = list(self.procs.values())
+        await asyncio.gather(*(p.stop(STOP_GRACE_S) for p in procs))
+        for pod in list(self.procs):
+            self._retire(pod)
+        await self.server.close()
+        return sum(p.group_alive() for p in procs)
+
+    def summary(self, orphans: int) -> RunSummary:
+        worlds = {}
+        for world in self.mw.spec.worlds:
+            ws = self.status.worlds.get(world.name) if self.status else None
+            worlds[world.name] = self.trackers[world.name].summary(
+                phase=ws.phase if ws else "Pending", epoch=ws.epoch if ws else 1,
+                errors=self._errors_of(world.name))
+        return RunSummary(worlds=worlds, orphans=orphans)
+
+
+def _template_field(multiworld: MultiWorld, member: str) -> str:
+    index = [m.name for m in multiworld.spec.members].index(member)
+    if multiworld.spec.members[index].template is not None:
+        return f"spec.members[{index}].template"
+    return "spec.template"
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"multiworld run: {message}\n")
+    return 2
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    if not args.file.is_file():
+        return _fail(f"FILE: {args.file} does not exist")
+    try:
+        mw = load_manifest(args.file)
+        kills = planned_kills(args.kill, args.after)
+        for kill in kills:
+            pods = mw.pods_of(kill.member) if kill.member in {m.name for m in mw.spec.members} else None
+            if pods is None:
+                raise ValueError(f"--kill {kill.member}: no member named {kill.member!r} in the manifest")
+            if kill.ordinal is not None and kill.ordinal >= len(pods):
+                raise ValueError(f"--kill {kill.member}:{kill.ordinal}: member {kill.member!r} has {len(pods)} pod(s)")
+        view = LiveView(f"multiworld run {mw.name}", live=False if args.no_view else None)
+        runner = LocalRunner(mw, manifest_dir=args.file.resolve().parent, kills=kills, chaos_per_minute=args.chaos,
+                             duration=args.duration, seed=args.seed, log_dir=args.log_dir, workdir=args.workdir,
+                             view=view)
+    except SpecError as exc:
+        return _fail(f"{args.file} is not a valid MultiWorld:\n" + "\n".join(f"  {p}" for p in exc.problems))
+    except (ValueError, TemplateError, ValidationError) as exc:
+        return _fail(str(exc))
+    summary = asyncio.run(_run_until_signal(runner))
+    sys.stderr.write(summary.render())
+    if args.json:
+        sys.stdout.write(json.dumps(summary.model_dump(mode="json"), separators=(",", ":")) + "\n")
+    return 1 if any(w.phase == "Failed" for w in summary.worlds.values()) else 0
+
+
+async def _run_until_signal(runner: LocalRunner) -> RunSummary:
+    """Ctrl-C or SIGTERM ends the run cleanly: members stopped, summary printed."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, runner.request_stop)
+    return await runner.run()
