@@ -1,0 +1,66 @@
+"""`multiworld run` refuses bad input up front, naming the field or flag, starting nothing."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MANIFEST = """\
+apiVersion: multiworld.io/v1alpha1
+kind: MultiWorld
+metadata: {name: bad}
+spec:
+  template:
+    spec:
+      containers: [{name: worker, image: x, command: [python, -c, "pass"]}]
+  members:
+    - name: leader
+    - name: w1
+      replicas: 2
+  worlds:
+    - name: world1
+      ranks: [leader, w1, w3]
+    - name: world1
+      ranks: [leader]
+"""
+
+GOOD = MANIFEST.replace(", w3]", "]").replace("    - name: world1\n      ranks: [leader]\n", "")
+
+
+def run_cli(tmp_path: Path, text: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "mw.yaml"
+    path.write_text(text)
+    return subprocess.run([sys.executable, "-m", "multiworld_operator.cli", "run", str(path), *flags],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_every_spec_problem_is_listed_with_its_field(tmp_path):
+    result = run_cli(tmp_path, MANIFEST)
+    assert result.returncode == 2
+    assert "spec.worlds[0].ranks[2]: member 'w3' is not declared" in result.stderr
+    assert "spec.worlds[1]" in result.stderr  # the duplicate / too small world is named too
+    assert "member logs" not in result.stderr  # nothing was started
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--kill", "nobody", "--after", "1"], "no member named 'nobody'"),
+    (["--kill", "w1:5", "--after", "1"], "has 2 pod(s)"),
+    (["--kill", "w1"], "one --after SECONDS per --kill"),
+])
+def test_bad_kill_flags_name_the_flag(tmp_path, flags, message):
+    result = run_cli(tmp_path, GOOD, *flags)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_missing_file_is_named(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "multiworld_operator.cli", "run", str(tmp_path / "nope.yaml")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "nope.yaml does not exist" in result.stderr
+
+
+def test_a_template_without_a_command_is_refused(tmp_path):
+    result = run_cli(tmp_path, GOOD.replace(', command: [python, -c, "pass"]', ""))
+    assert result.returncode == 2
+    assert "spec.template.spec.containers[0]: a command is required" in result.stderr

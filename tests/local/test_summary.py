@@ -1,0 +1,31 @@
+from multiworld_operator.local.summary import WorldTracker
+from multiworld_operator.local.view import WorldRow, format_table
+
+
+def test_recovery_is_timed_from_the_injected_kill_to_all_ranks_back():
+    tracker = WorldTracker()
+    tracker.observe("Running", 1, True, now=1.0)
+    tracker.fault_injected(10.0)
+    tracker.observe("Recovering", 2, False, now=10.1)
+    tracker.observe("Running", 2, False, now=11.0)  # not every rank joined yet
+    tracker.observe("Running", 2, True, now=12.5)
+    summary = tracker.summary("Running", 2, errors=0)
+    assert summary.failures == 1 and summary.recoveries == 1
+    assert summary.recovery_seconds == [2.5]
+
+
+def test_failure_without_injection_is_timed_from_when_it_was_seen():
+    tracker = WorldTracker()
+    tracker.observe("Recovering", 3, False, now=5.0)  # two bumps at once: two failures
+    tracker.observe("Running", 3, True, now=6.0)
+    summary = tracker.summary("Running", 3, errors=4)
+    assert (summary.failures, summary.recovery_seconds, summary.errors) == (2, [1.0], 4)
+
+
+def test_live_table_columns_line_up():
+    lines = format_table([WorldRow("world1", "Running", 2, 3, 3, 1, 0),
+                          WorldRow("w2", "Recovering", 10, 1, 3, 9, 12)])
+    assert lines[0].split() == ["WORLD", "PHASE", "EPOCH", "RANKS", "UP", "RESTARTS", "ERRORS"]
+    assert lines[1].split() == ["world1", "Running", "2", "3/3", "1", "0"]
+    starts = [line.index(cell) for line, cell in zip(lines, ["EPOCH", "2", "10"])]
+    assert len(set(starts)) == 1
