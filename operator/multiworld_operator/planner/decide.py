@@ -87,9 +87,10 @@ class _Planning:
             self._fail(world, failure)
         self._end_backoffs()
         self._replace_orphans(failures)
+        self._finish_worlds()
         table = self._table()
         self._reconcile_pods(table)
-        self._update_world_phases()
+        self._count_ready()
         status = self._status(table)
         actions: list[Action] = [*self.deletes]
         if table != self.previous.table:
@@ -129,14 +130,16 @@ class _Planning:
         failures: dict[str, Failure] = {}
         for pod in self.pods:
             record, seen = self.records.get(pod), self.observed.get(pod)
-            if record is None or (seen is not None and seen.created_for != record.created_for):
-                continue  # not our instance (yet): nothing of ours can have failed
-            if seen is None and not record.observed:
-                continue  # asked for, not created yet
-            if seen is not None and seen.phase != "Failed":
+            if record is None:
+                continue
+            ours = seen is not None and seen.created_for == record.created_for
+            if not ours and not record.observed:
+                continue  # asked for, not created yet (an older instance may linger)
+            if ours and seen.phase != "Failed":  # type: ignore[union-attr]
                 record.observed = True
                 continue
-            reason = "PodFailed" if seen is not None else "PodDeleted"
+            # Ours failed, or ours was seen and is now gone (or replaced by a foreign instance).
+            reason = "PodFailed" if ours else "PodDeleted"
             del self.records[pod]
             for world in self.pod_worlds[pod]:
                 state = self.worlds[world]
@@ -144,7 +147,7 @@ class _Planning:
                     rank = state.pods.index(pod)
                     failures[world] = Failure(
                         time=self.now, reason=reason, pod=pod, rank=rank, epoch=state.epoch,
-                        message=f"pod {pod} (rank {rank}) {'failed' if seen else 'was deleted'}",
+                        message=f"pod {pod} (rank {rank}) {'failed' if ours else 'was deleted'}",
                     )
         for report in self.reports:
             state = self.worlds.get(report.world)
@@ -194,10 +197,12 @@ class _Planning:
                             f"world {name} backoff over; restarting at epoch {state.epoch}")
 
     def _replace_orphans(self, failures: dict[str, Failure]) -> None:
-        """Live pods of the worlds that just failed are replaced when no world of theirs is up."""
+        """Live pods of the worlds that just failed are replaced when all their worlds have
+        failed: none is up other than by restarting from this very failure."""
         for world in failures:
             for pod in self.worlds[world].pods:
-                if pod in self.records and not any(self.worlds[w].up for w in self.pod_worlds[pod]):
+                healthy = [w for w in self.pod_worlds[pod] if self.worlds[w].up and w not in failures]
+                if pod in self.records and not healthy:
                     del self.records[pod]
 
     # -- pods --------------------------------------------------------------------------------
@@ -254,13 +259,15 @@ class _Planning:
         return (record is not None and seen is not None and seen.created_for == record.created_for
                 and seen.phase == "Succeeded")
 
-    def _update_world_phases(self) -> None:
+    def _finish_worlds(self) -> None:
         for name, state in self.worlds.items():
-            if not state.up:
-                continue
-            if all(self._finished(pod) for pod in state.pods):
+            if state.up and all(self._finished(pod) for pod in state.pods):
                 state.phase, state.ready_ranks = "Succeeded", 0
                 self._event("Normal", "WorldSucceeded", name, f"world {name}: every rank finished")
+
+    def _count_ready(self) -> None:
+        for name, state in self.worlds.items():
+            if not state.up:
                 continue
             state.ready_ranks = sum(self._ready(pod, name, state.epoch) for pod in state.pods)
             if state.ready_ranks == state.size and state.phase != "Running":

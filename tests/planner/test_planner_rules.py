@@ -1,0 +1,501 @@
+"""Each rule of the planner, on the seed topology: leader (shared, rank 0 of both worlds),
+w1 x2 (exclusive to world1), w2 (exclusive to world2)."""
+
+from __future__ import annotations
+
+from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, plan
+from planner_sim import T0, Sim, endpoint, make, seed_topology
+
+LEADER, W1_0, W1_1, W2_0 = "mw-leader-0", "mw-w1-0", "mw-w1-1", "mw-w2-0"
+
+
+def running(**world_extra: object) -> Sim:
+    sim = Sim(seed_topology(**world_extra))
+    sim.settle()
+    assert sim.status is not None and sim.status.phase == "Running"
+    return sim
+
+
+def reasons(sim: Sim) -> list[tuple[str, str | None]]:
+    assert sim.last is not None
+    return [(e.reason, e.world) for e in sim.last.events]
+
+
+# -- start ------------------------------------------------------------------------------------
+
+
+def test_first_plan_creates_every_pod_with_its_assignments() -> None:
+    sim = Sim(seed_topology())
+    result = sim.plan()
+    creates = {c.pod: c for c in result.creates}
+    assert list(creates) == [LEADER, W1_0, W1_1, W2_0]
+    assert creates[LEADER].created_for == {"world1": 1, "world2": 1}
+    assert creates[W1_1].created_for == {"world1": 1}
+    leader = {a.name: (a.rank, a.size, a.epoch, a.host, a.port) for a in creates[LEADER].worlds}
+    assert leader == {"world1": (0, 3, 1, f"{LEADER}.svc", 29500), "world2": (0, 2, 1, f"{LEADER}.svc", 29500)}
+    assert [(a.name, a.rank) for a in creates[W1_1].worlds] == [("world1", 2)]
+    env = creates[W2_0].worker_env("local://127.0.0.1:4000")
+    assert env.pod == W2_0 and env.table == "local://127.0.0.1:4000" and env.worlds[0].rank == 1
+    assert creates[W1_0].template == sim.mw.template_of("w1")
+    assert [p.table.revision for p in result.publishes] == [1]
+    assert [w.name for w in result.table.worlds] == ["world1", "world2"]
+    assert result.status.phase == "Pending" and result.status.worlds_ready == "0/2"
+    assert {n: (w.epoch, w.phase, w.size) for n, w in result.status.worlds.items()} == {
+        "world1": (1, "Pending", 3), "world2": (1, "Pending", 2)}
+    assert result.events == [] and result.requeue_after is None
+    assert result.status.observed_generation == 1
+
+
+def test_actions_come_in_execution_order() -> None:
+    sim = running()
+    sim.fail(W1_0)
+    kinds = [a.action for a in sim.plan().actions]
+    assert kinds == sorted(kinds, key=["delete", "publish", "create", "event"].index)
+
+
+def test_worlds_run_when_every_rank_joined_their_epoch() -> None:
+    sim = Sim(seed_topology())
+    sim.step()
+    sim.set_phase(LEADER, "Running")
+    sim.set_phase(W2_0, "Running")
+    result = sim.step()
+    assert sim.world_phase("world2") == "Running" and sim.world_phase("world1") == "Pending"
+    assert result.status.worlds["world1"].ready_ranks == 1
+    assert reasons(sim) == [("WorldReady", "world2")]
+    sim.start_all()
+    result = sim.step()
+    assert result.status.phase == "Running" and result.status.worlds_ready == "2/2"
+    assert result.status.condition("Ready").status == "True"
+    assert result.status.condition("Degraded").status == "False"
+
+
+def test_a_running_pod_that_reports_an_older_epoch_is_not_ready() -> None:
+    sim = Sim(seed_topology())
+    sim.step()
+    sim.start_all()
+    sim.pods[W2_0] = sim.pods[W2_0].model_copy(update={"joined": {}})
+    result = sim.step()
+    assert result.status.worlds["world2"].ready_ranks == 1 and sim.world_phase("world2") == "Pending"
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def test_exclusive_pod_failure_restarts_only_its_world() -> None:
+    sim = running()
+    sim.fail(W1_0)
+    result = sim.plan()
+    assert {d.pod for d in result.deletes} == {W1_0, W1_1}  # the dead pod and its exclusive sibling
+    assert result.creates == []  # a pod is recreated once the old one is gone
+    assert sim.epoch("world1") == 1 and result.status.worlds["world1"].epoch == 2
+    assert result.status.worlds["world2"].epoch == 1 and result.status.worlds["world2"].phase == "Running"
+    world1 = result.status.worlds["world1"]
+    assert world1.phase == "Recovering" and world1.restarts == 1 and result.status.restarts == 1
+    failure = world1.last_failure
+    assert failure is not None
+    assert (failure.reason, failure.pod, failure.rank, failure.epoch, failure.time) == ("PodFailed", W1_0, 1, 1, T0)
+    assert [e.reason for e in result.events] == ["WorldFailed"] and result.events[0].type == "Warning"
+    assert "restarting at epoch 2" in result.events[0].message
+    assert result.status.phase == "Recovering" and result.status.condition("Degraded").status == "True"
+    assert [(w.name, w.epoch) for w in result.publishes[0].table.worlds] == [("world1", 2), ("world2", 1)]
+
+
+def test_replaced_pods_come_back_at_the_new_epoch_and_the_world_recovers() -> None:
+    sim = running()
+    sim.fail(W1_0)
+    sim.step()
+    result = sim.step()
+    assert {c.pod: c.created_for for c in result.creates} == {W1_0: {"world1": 2}, W1_1: {"world1": 2}}
+    assert all(a.epoch == 2 for c in result.creates for a in c.worlds)
+    sim.start_all()
+    result = sim.step()
+    assert reasons(sim) == [("WorldRecovered", "world1")]
+    assert "epoch 2" in result.events[0].message
+    assert result.status.phase == "Running" and sim.epoch("world1") == 2 and sim.epoch("world2") == 1
+
+
+def test_deleted_pod_counts_as_a_failure() -> None:
+    sim = running()
+    sim.vanish(W2_0)
+    result = sim.step()
+    failure = result.status.worlds["world2"].last_failure
+    assert failure is not None and failure.reason == "PodDeleted" and failure.pod == W2_0
+    assert sim.epoch("world2") == 2 and sim.epoch("world1") == 1
+    assert [c.pod for c in result.creates] == [W2_0]  # already gone: recreated at once
+    assert result.creates[0].created_for == {"world2": 2}
+
+
+def test_missing_phase_is_the_same_as_absent() -> None:
+    sim = running()
+    sim.set_phase(W2_0, "Missing")
+    result = sim.plan()
+    assert result.status.worlds["world2"].last_failure.reason == "PodDeleted"  # type: ignore[union-attr]
+
+
+def test_shared_pod_failure_fails_every_world_it_is_in() -> None:
+    sim = running()
+    sim.fail(LEADER)
+    result = sim.step()
+    assert (sim.epoch("world1"), sim.epoch("world2")) == (2, 2)
+    # No world of any pod is up any more: all are replaced.
+    assert {d.pod for d in result.deletes} == {LEADER, W1_0, W1_1, W2_0}
+    assert [e.world for e in result.events] == ["world1", "world2"]
+    result = sim.step()
+    assert {c.pod: c.created_for for c in result.creates} == {
+        LEADER: {"world1": 2, "world2": 2}, W1_0: {"world1": 2}, W1_1: {"world1": 2}, W2_0: {"world2": 2}}
+
+
+def test_report_at_current_epoch_fails_the_world_and_keeps_the_shared_pod() -> None:
+    sim = running()
+    sim.report("world2", epoch=1, pod=W2_0, peer_rank=0)
+    result = sim.step()
+    assert {d.pod for d in result.deletes} == {W2_0}
+    assert sim.epoch("world2") == 2 and sim.epoch("world1") == 1
+    failure = result.status.worlds["world2"].last_failure
+    assert failure is not None
+    assert (failure.reason, failure.pod, failure.rank) == ("WorldBroken", LEADER, 0)
+    assert "peer timed out" in failure.message and W2_0 in failure.message
+
+
+def test_report_without_peer_names_the_reporter() -> None:
+    sim = running()
+    sim.report("world1", epoch=1, pod=W1_1)
+    failure = sim.plan().status.worlds["world1"].last_failure
+    assert failure is not None and (failure.pod, failure.rank) == (W1_1, 2)
+
+
+def test_reports_for_old_epochs_or_unknown_worlds_are_ignored() -> None:
+    sim = running()
+    sim.report("world2", epoch=1)
+    sim.settle()
+    assert sim.epoch("world2") == 2
+    sim.report("world2", epoch=1)  # the old report is still around, plus one more
+    sim.report("nowhere", epoch=2)
+    sim.report("world1", epoch=7)
+    result = sim.step()
+    assert result.actions == [] and sim.epoch("world2") == 2 and sim.epoch("world1") == 1
+
+
+def test_one_restart_per_world_however_many_causes() -> None:
+    sim = running()
+    sim.fail(W1_0)
+    sim.vanish(W1_1)
+    sim.report("world1", epoch=1)
+    result = sim.step()
+    assert sim.epoch("world1") == 2 and result.status.worlds["world1"].restarts == 1
+    assert [e.reason for e in result.events] == ["WorldFailed"]
+
+
+def test_pod_not_created_yet_is_not_a_failure() -> None:
+    sim = Sim(seed_topology())
+    first = sim.plan()  # the platform has not executed it
+    second = plan(sim.mw, first.status, Observation(now=T0), endpoint=endpoint)
+    assert [c.pod for c in second.creates] == [c.pod for c in first.creates]
+    assert second.events == [] and all(w.epoch == 1 for w in second.status.worlds.values())
+
+
+def test_leftover_instance_is_deleted_before_ours_is_created() -> None:
+    sim = Sim(seed_topology())
+    sim.step()
+    # An instance from an earlier life of this MultiWorld still holds the name.
+    sim.pods[W2_0] = sim.pods[W2_0].model_copy(update={"created_for": {"world2": 99}, "phase": "Running"})
+    result = sim.step()
+    assert [d.pod for d in result.deletes] == [W2_0] and "outdated" in result.deletes[0].reason
+    assert W2_0 not in {c.pod for c in result.creates}
+    assert sim.epoch("world2") == 1 and result.events == []
+    result = sim.step()
+    assert [c.pod for c in result.creates] == [W2_0] and result.creates[0].created_for == {"world2": 1}
+
+
+def test_our_instance_replaced_by_a_foreign_one_is_a_deletion() -> None:
+    sim = running()
+    sim.pods[W2_0] = sim.pods[W2_0].model_copy(update={"created_for": {}})
+    result = sim.step()
+    assert result.status.worlds["world2"].last_failure.reason == "PodDeleted"  # type: ignore[union-attr]
+    assert [d.pod for d in result.deletes] == [W2_0] and sim.epoch("world2") == 2
+
+
+def test_pods_outside_the_spec_are_deleted() -> None:
+    sim = running()
+    stray = sim.pods[W2_0].model_copy(update={"name": "mw-ghost-0", "member": "ghost"})
+    sim.pods["mw-ghost-0"] = stray
+    result = sim.step()
+    assert [(d.pod, d.reason) for d in result.deletes] == [("mw-ghost-0", "not part of the spec")]
+
+
+# -- failure policy ---------------------------------------------------------------------------
+
+
+def test_exhausted_world_fails_alone() -> None:
+    sim = running(failurePolicy={"maxRestarts": 1})
+    sim.fail(W2_0)
+    sim.settle()
+    assert sim.epoch("world2") == 2
+    sim.advance(5)
+    sim.fail(W2_0)
+    result = sim.step()
+    world2 = result.status.worlds["world2"]
+    assert world2.phase == "Failed" and world2.epoch == 2 and world2.restarts == 1
+    assert [(e.reason, e.world) for e in result.events] == [("WorldExhausted", "world2")]
+    assert [d.pod for d in result.deletes] == [W2_0]
+    assert [w.name for w in result.table.worlds] == ["world1"]
+    assert result.status.phase == "Degraded" and result.status.worlds_ready == "1/2"
+    assert result.status.condition("Degraded").status == "True"
+    assert sim.epoch("world1") == 1 and sim.world_phase("world1") == "Running"
+    # The exhausted world's pod is not recreated; the shared leader keeps running.
+    result = sim.step()
+    assert result.creates == [] and result.deletes == [] and LEADER in sim.pods
+
+
+def test_exhausted_world_removes_its_live_exclusive_pods() -> None:
+    sim = running(failurePolicy={"maxRestarts": 0})
+    sim.report("world1", epoch=1)
+    result = sim.step()
+    assert sim.world_phase("world1") == "Failed"
+    assert {d.pod for d in result.deletes} == {W1_0, W1_1}
+    assert set(result.status.pods) == {LEADER, W2_0}
+
+
+def test_all_worlds_exhausted_is_failed() -> None:
+    sim = running(failurePolicy={"maxRestarts": 0})
+    sim.fail(LEADER)
+    result = sim.step()
+    assert result.status.phase == "Failed" and result.table.worlds == []
+    assert {d.pod for d in result.deletes} == set(sim.mw.all_pods()) and result.status.pods == {}
+    assert sim.step().actions == []  # nothing is recreated
+
+
+def test_restarts_older_than_the_window_do_not_count() -> None:
+    sim = running(failurePolicy={"maxRestarts": 1, "window": "10m"})
+    sim.fail(W2_0)
+    sim.settle()
+    sim.advance(601)
+    sim.fail(W2_0)
+    result = sim.step()
+    assert sim.world_phase("world2") == "Recovering" and sim.epoch("world2") == 3
+    assert result.status.worlds["world2"].restarts == 2
+    assert result.status.worlds["world2"].recent_restarts == [sim.now]
+    assert result.requeue_after is None  # the window is empty again: no backoff
+
+
+def test_backoff_delays_the_second_restart() -> None:
+    sim = running(failurePolicy={"backoff": {"initialDelay": "10s", "maxDelay": "1m"}})
+    sim.fail(W2_0)
+    sim.settle()
+    sim.advance(3)
+    sim.fail(W2_0)
+    result = sim.step()
+    assert sim.epoch("world2") == 3 and result.status.worlds["world2"].restart_at is not None
+    assert result.requeue_after == 10
+    assert [w.name for w in result.table.worlds] == ["world1"]  # out of the table while waiting
+    assert "in 10s" in result.events[0].message
+    sim.advance(4)
+    result = sim.step()
+    assert result.creates == [] and result.requeue_after == 6
+    sim.report("world2", epoch=3)  # nobody holds epoch 3 yet: cannot fail it
+    sim.advance(6)
+    result = sim.step()
+    assert [(e.reason, e.world) for e in result.events] == [("WorldRestarting", "world2")]
+    assert [(w.name, w.epoch) for w in result.table.worlds] == [("world1", 1), ("world2", 3)]
+    assert [(c.pod, c.created_for) for c in result.creates] == [(W2_0, {"world2": 3})]
+    assert result.requeue_after is None and sim.epoch("world2") == 3
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    sim = running(failurePolicy={"maxRestarts": 10, "backoff": {"initialDelay": "2s", "maxDelay": "5s"}})
+    waits = []
+    for _ in range(4):
+        sim.fail(W2_0)
+        result = sim.step()
+        waits.append(result.requeue_after)
+        sim.advance(result.requeue_after or 0)
+        sim.settle()
+    assert waits == [None, 2, 4, 5]
+    assert sim.epoch("world2") == 5 and sim.world_phase("world2") == "Running"
+
+
+def test_shared_pod_alive_in_a_healthy_world_is_kept_while_the_other_backs_off() -> None:
+    sim = running(failurePolicy={"backoff": {"initialDelay": "30s"}})
+    sim.fail(W2_0)
+    sim.settle()
+    sim.fail(W2_0)
+    result = sim.step()
+    assert LEADER not in {d.pod for d in result.deletes}
+    assert sim.world_phase("world1") == "Running"
+
+
+# -- completion -------------------------------------------------------------------------------
+
+
+def test_world_succeeds_when_every_rank_finished() -> None:
+    sim = running()
+    for pod in (LEADER, W2_0):
+        sim.set_phase(pod, "Succeeded")
+    result = sim.step()
+    assert sim.world_phase("world2") == "Succeeded" and result.deletes == [] and result.creates == []
+    assert [w.name for w in result.table.worlds] == ["world1"]
+    for pod in (W1_0, W1_1):
+        sim.set_phase(pod, "Succeeded")
+    result = sim.step()
+    assert result.status.phase == "Succeeded"
+    assert [e.reason for e in result.events] == ["WorldSucceeded"]
+
+
+# -- spec edits -------------------------------------------------------------------------------
+
+
+def edit(sim: Sim, members: list[dict[str, object]], worlds: list[dict[str, object]]) -> None:
+    sim.mw = make(members, worlds)
+
+
+SEED_MEMBERS: list[dict[str, object]] = [{"name": "leader"}, {"name": "w1", "replicas": 2}, {"name": "w2"}]
+SEED_WORLDS: list[dict[str, object]] = [{"name": "world1", "ranks": ["leader", "w1"]},
+                                        {"name": "world2", "ranks": ["leader", "w2"]}]
+
+
+def test_adding_a_world_and_member_touches_nothing_else() -> None:
+    sim = running()
+    edit(sim, [*SEED_MEMBERS, {"name": "w3"}], [*SEED_WORLDS, {"name": "world3", "ranks": ["leader", "w3"]}])
+    result = sim.step()
+    assert [c.pod for c in result.creates] == ["mw-w3-0"] and result.deletes == []
+    assert result.creates[0].created_for == {"world3": 1}
+    assert (sim.epoch("world1"), sim.epoch("world2"), sim.epoch("world3")) == (1, 1, 1)
+    assert [(e.reason, e.world) for e in result.events] == [("WorldAdded", "world3")]
+    assert [w.name for w in result.publishes[0].table.worlds] == ["world1", "world2", "world3"]
+    sim.start_all()
+    sim.step()
+    assert sim.status is not None and sim.status.phase == "Running" and sim.status.worlds_ready == "3/3"
+
+
+def test_removing_a_world_and_its_member_deletes_only_their_pods() -> None:
+    sim = running()
+    edit(sim, SEED_MEMBERS[:2], SEED_WORLDS[:1])
+    result = sim.step()
+    assert [d.pod for d in result.deletes] == [W2_0] and result.creates == []
+    assert list(result.status.worlds) == ["world1"] and sim.epoch("world1") == 1
+    assert [(e.reason, e.world) for e in result.events] == [("WorldRemoved", "world2")]
+    assert [w.name for w in result.table.worlds] == ["world1"]
+    assert set(result.status.pods) == {LEADER, W1_0, W1_1}
+
+
+def test_changed_rank_list_gets_a_new_epoch_without_restarting_pods() -> None:
+    sim = running()
+    edit(sim, [SEED_MEMBERS[0], {"name": "w1", "replicas": 3}, SEED_MEMBERS[2]], SEED_WORLDS)
+    result = sim.step()
+    assert [c.pod for c in result.creates] == ["mw-w1-2"] and result.deletes == []
+    assert result.creates[0].created_for == {"world1": 2}
+    assert (sim.epoch("world1"), sim.epoch("world2")) == (2, 1)
+    assert result.status.worlds["world1"].size == 4 and result.status.worlds["world1"].restarts == 0
+    assert [(e.reason, e.world) for e in result.events] == [("WorldChanged", "world1")]
+    sim.start_all()
+    result = sim.step()
+    assert sim.world_phase("world1") == "Running" and result.status.restarts == 0
+
+
+def test_scaling_down_deletes_the_extra_pods() -> None:
+    sim = running()
+    edit(sim, [SEED_MEMBERS[0], {"name": "w1", "replicas": 1}, SEED_MEMBERS[2]], SEED_WORLDS)
+    result = sim.step()
+    assert [(d.pod, d.reason) for d in result.deletes] == [(W1_1, "not part of the spec")]
+    assert result.status.worlds["world1"].pods == [LEADER, W1_0] and sim.epoch("world1") == 2
+
+
+def test_editing_a_failed_world_revives_it() -> None:
+    sim = running(failurePolicy={"maxRestarts": 0})
+    sim.fail(W2_0)
+    sim.step()
+    assert sim.world_phase("world2") == "Failed"
+    edit(sim, [*SEED_MEMBERS[:2], {"name": "w2", "replicas": 2}],
+         [{**SEED_WORLDS[0], "failurePolicy": {"maxRestarts": 0}}, {**SEED_WORLDS[1], "failurePolicy": {"maxRestarts": 0}}])
+    result = sim.step()
+    assert sim.world_phase("world2") == "Pending" and sim.epoch("world2") == 2
+    assert {c.pod for c in result.creates} == {W2_0, "mw-w2-1"}
+
+
+def test_observed_generation_follows_the_spec() -> None:
+    sim = running()
+    sim.mw = sim.mw.model_copy(update={"metadata": sim.mw.metadata.model_copy(update={"generation": 4})})
+    assert sim.step().status.observed_generation == 4
+
+
+# -- platform choices -------------------------------------------------------------------------
+
+
+def test_backend_resolver_and_endpoint_are_the_platforms() -> None:
+    mw = seed_topology()
+    calls: list[tuple[str, str]] = []
+
+    def local_endpoint(world: str, rank0: str) -> tuple[str, int]:
+        calls.append((world, rank0))
+        return "127.0.0.1", {"world1": 4001, "world2": 4002}[world]
+
+    result = plan(mw, None, Observation(now=T0), endpoint=local_endpoint,
+                  backend_of=lambda w: mw.local_backend_of(w, cuda_available=True)[0])
+    assert sorted(set(calls)) == [("world1", LEADER), ("world2", LEADER)]
+    assert [(w.backend, w.port) for w in result.table.worlds] == [("nccl", 4001), ("nccl", 4002)]
+
+
+def test_backend_change_is_a_new_epoch() -> None:
+    sim = running()
+    result = plan(sim.mw, sim.status, sim.observation(), endpoint=endpoint, backend_of=lambda w: "nccl")
+    assert {n: w.epoch for n, w in result.status.worlds.items()} == {"world1": 2, "world2": 2}
+    assert result.deletes == [] and result.creates == []
+
+
+# -- status storage ---------------------------------------------------------------------------
+
+
+def test_status_round_trips_through_the_cr_dict() -> None:
+    sim = running(failurePolicy={"backoff": {"initialDelay": "10s"}})
+    sim.fail(W2_0)
+    sim.settle()
+    sim.fail(W2_0)
+    status = sim.step().status
+    stored = status.to_dict()
+    assert stored["worlds"]["world2"]["restartAt"] and stored["worlds"]["world2"]["lastFailure"]["reason"] == "PodFailed"
+    assert MultiWorldStatus.from_dict(stored) == status
+    assert MultiWorldStatus.from_dict(None) is None and MultiWorldStatus.from_dict({}) is None
+
+
+def test_merge_patch_removes_what_the_new_status_dropped() -> None:
+    sim = running(failurePolicy={"backoff": {"initialDelay": "10s"}})
+    sim.fail(W2_0)
+    sim.settle()
+    sim.fail(W2_0)
+    waiting = sim.step().status
+    sim.advance(10)
+    restarted = sim.step().status
+    patch = restarted.merge_patch(waiting.to_dict())
+    assert patch["worlds"]["world2"]["restartAt"] is None
+    assert patch["pods"][W2_0]["createdFor"] == {"world2": 3}
+    assert _apply_merge_patch(waiting.to_dict(), patch) == restarted.to_dict()
+
+
+def _apply_merge_patch(target: dict[str, object], patch: dict[str, object]) -> dict[str, object]:
+    """RFC 7386, as the API server applies it."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _apply_merge_patch(out[key], value)  # type: ignore[arg-type]
+        else:
+            out[key] = value
+    return out
+
+
+def test_condition_transition_time_only_moves_on_change() -> None:
+    sim = running()
+    ready_since = sim.status.condition("Ready").last_transition_time  # type: ignore[union-attr]
+    sim.advance(60)
+    sim.step()
+    assert sim.status.condition("Ready").last_transition_time == ready_since  # type: ignore[union-attr]
+    sim.fail(W2_0)
+    sim.step()
+    assert sim.status.condition("Ready").status == "False"  # type: ignore[union-attr]
+    assert sim.status.condition("Ready").last_transition_time == sim.now  # type: ignore[union-attr]
+
+
+def test_create_pod_round_trips_as_json() -> None:
+    create = Sim(seed_topology()).plan().creates[0]
+    assert CreatePod.model_validate_json(create.model_dump_json()) == create
