@@ -1,0 +1,490 @@
+"""A real, local Kubernetes control plane: etcd, kube-apiserver and kube-controller-manager.
+
+Everything listens on loopback ports picked free at start, so several clusters can run side by
+side. There is no scheduler and no kubelet: Pods stay Pending unless someone writes their status.
+
+    python tests/cluster/cluster.py up     # start in .cluster/, write .cluster/kubeconfig
+    python tests/cluster/cluster.py env    # print `export KUBECONFIG=...`
+    python tests/cluster/cluster.py down   # stop (apiserver before etcd)
+    python tests/cluster/cluster.py binaries  # resolve or build the binaries, print their paths
+
+Tests import `Cluster`, `find_binaries` and `serviceaccount_kubeconfig` from this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+T = TypeVar("T")
+
+log = logging.getLogger("multiworld.test_cluster")
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+BUILD_SCRIPT = HERE / "build.sh"
+DEFAULT_DIR = REPO_ROOT / ".cluster"
+
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
+ADMIN_USER = "admin"
+# Component stop order: the apiserver keeps retrying etcd for about a minute if etcd goes first.
+STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be provided; the message says why."""
+
+
+@dataclass(frozen=True)
+class Binaries:
+    etcd: Path
+    kube_apiserver: Path
+    # None when the user supplied an apiserver of their own without a matching controller-manager.
+    kube_controller_manager: Path | None
+
+
+def _asset_from_env(variable: str, name: str) -> Path | None:
+    """A binary named by TEST_ASSET_<NAME>, else found in $KUBEBUILDER_ASSETS (envtest convention)."""
+    explicit = os.environ.get(variable)
+    if explicit:
+        path = Path(explicit)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ClusterError(f"{variable}={explicit} is not an executable file")
+        return path
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets:
+        path = Path(assets) / name
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def build_binaries() -> Path:
+    """Run build.sh (a no-op when the cache is complete) and return the cached assets folder."""
+    log.info("resolving the cached control plane binaries (first time: about 5 minutes of build)")
+    # stderr is inherited so the build's progress lines show; stdout carries only the folder.
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise ClusterError(
+            f"{BUILD_SCRIPT} failed with exit status {result.returncode} (see its output above); "
+            "alternatively point KUBEBUILDER_ASSETS at a folder holding kube-apiserver and etcd"
+        )
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def find_binaries() -> Binaries:
+    """Binaries from TEST_ASSET_* / KUBEBUILDER_ASSETS when given, otherwise the cached build."""
+    etcd = _asset_from_env("TEST_ASSET_ETCD", "etcd")
+    apiserver = _asset_from_env("TEST_ASSET_KUBE_APISERVER", "kube-apiserver")
+    controller_manager = _asset_from_env(
+        "TEST_ASSET_KUBE_CONTROLLER_MANAGER", "kube-controller-manager"
+    )
+    if etcd is not None and apiserver is not None:
+        return Binaries(etcd, apiserver, controller_manager)
+    built = build_binaries()
+    return Binaries(
+        etcd=etcd or built / "etcd",
+        kube_apiserver=apiserver or built / "kube-apiserver",
+        # A user-supplied apiserver is not paired with our 1.20 controller-manager.
+        kube_controller_manager=controller_manager
+        or (built / "kube-controller-manager" if apiserver is None else None),
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@functools.cache
+def _accepts_flag(binary: Path, flag: str) -> bool:
+    """Whether `binary --help` lists `flag` (user-supplied binaries may be newer than 1.20)."""
+    result = subprocess.run([str(binary), "--help"], capture_output=True, text=True, check=False)
+    return f" {flag} " in result.stdout + result.stderr
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the starting process dies (no orphans)."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def _kubeconfig(server: str, ca_file: Path, user: str, token: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "multiworld-test", "cluster": {"server": server, "certificate-authority": str(ca_file)}}
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": user, "context": {"cluster": "multiworld-test", "user": user}}],
+        "current-context": user,
+    }
+
+
+def write_kubeconfig(path: Path, server: str, ca_file: Path, user: str, token: str) -> Path:
+    # JSON is valid YAML, so kubectl and the Python client read it as a kubeconfig.
+    path.write_text(json.dumps(_kubeconfig(server, ca_file, user, token), indent=2) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def _pid_alive(pid: int, binary_name: str) -> bool:
+    """True if `pid` runs `binary_name` (guards against a recycled pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    argv0 = cmdline.split(b"\0", 1)[0].decode(errors="replace")
+    return Path(argv0).name == binary_name or argv0.endswith(binary_name)
+
+
+class Cluster:
+    """One control plane whose files (certs, data, logs, pid files, kubeconfig) live in `directory`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory.resolve()
+        self.kubeconfig = self.directory / "kubeconfig"
+        self.ca_file = self.directory / "pki" / "serving.crt"
+        self.key_file = self.directory / "pki" / "serving.key"
+        self.logs = self.directory / "logs"
+        self.admin_token = ""
+        self.has_controller_manager = False
+        self._detach = False
+
+    # ---- start -------------------------------------------------------------------------------
+
+    def start(self, binaries: Binaries, *, detach: bool, timeout: float = 60.0) -> None:
+        """Start etcd, kube-apiserver and (if available) kube-controller-manager; wait for ready.
+
+        detach=False ties the processes to the calling process (they get SIGTERM if it dies);
+        detach=True leaves them running after it exits (`make cluster`).
+        """
+        running = self.running_components()
+        if running:
+            raise ClusterError(f"a cluster already runs in {self.directory} ({', '.join(running)})")
+        self._reset_directory()
+        self._detach = detach
+        self.has_controller_manager = binaries.kube_controller_manager is not None
+        started = time.monotonic()
+        try:
+            self._make_credentials()
+            etcd_url = self._start_etcd(binaries.etcd)
+            server = self._start_apiserver(binaries, etcd_url)
+            self._wait_ready(server, started, timeout)
+            if binaries.kube_controller_manager is not None:
+                self._start_controller_manager(binaries.kube_controller_manager)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("cluster ready in %.1f s: KUBECONFIG=%s", time.monotonic() - started, self.kubeconfig)
+
+    def _reset_directory(self) -> None:
+        for stale in ("etcd-data", "pki", "logs"):
+            shutil.rmtree(self.directory / stale, ignore_errors=True)
+        self.logs.mkdir(parents=True)
+        (self.directory / "pki").mkdir(mode=0o700)
+
+    def _make_credentials(self) -> None:
+        # One key serves TLS and signs ServiceAccount tokens: this is a throwaway test cluster.
+        subprocess.run(
+            [
+                "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
+                "-subj", "/CN=127.0.0.1",
+                "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                "-keyout", str(self.key_file), "-out", str(self.ca_file),
+            ],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self.admin_token = secrets.token_hex(24)
+        tokens = self.directory / "pki" / "tokens.csv"
+        tokens.write_text(f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        tokens.chmod(0o600)
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        with open(self.logs / f"{name}.log", "wb") as log_file:
+            process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                # Own session: a Ctrl-C in the terminal does not kill them out of order.
+                start_new_session=True,
+                preexec_fn=None if self._detach else _die_with_parent,
+                cwd=self.directory,
+            )
+        (self.directory / f"{name}.pid").write_text(f"{process.pid}\n")
+        return process
+
+    def _start_etcd(self, etcd: Path) -> str:
+        client_url = f"http://127.0.0.1:{free_port()}"
+        peer_url = f"http://127.0.0.1:{free_port()}"
+        self._spawn("etcd", [
+            str(etcd),
+            "--name=default",
+            f"--data-dir={self.directory / 'etcd-data'}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}",
+            "--logger=zap",
+            "--log-level=warn",
+        ])  # fmt: skip
+        return client_url
+
+    def _start_apiserver(self, binaries: Binaries, etcd_url: str) -> str:
+        port = free_port()
+        pki = self.directory / "pki"
+        argv = [
+            str(binaries.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={self.ca_file}",
+            f"--tls-private-key-file={self.key_file}",
+            f"--token-auth-file={pki / 'tokens.csv'}",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={self.key_file}",
+            f"--service-account-signing-key-file={self.key_file}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            # No kubelets publish endpoints for the `kubernetes` Service here.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+        ]
+        if _accepts_flag(binaries.kube_apiserver, "--insecure-port"):
+            # Up to 1.23 an unauthenticated port 8080 opens by default and clashes between clusters.
+            argv.append("--insecure-port=0")
+        if binaries.kube_controller_manager is None:
+            # Without the token controller no ServiceAccount gets a token, so Pods could not be
+            # admitted by the ServiceAccount plugin.
+            argv.append("--disable-admission-plugins=ServiceAccount")
+        self._spawn("kube-apiserver", argv)
+        server = f"https://127.0.0.1:{port}"
+        write_kubeconfig(self.kubeconfig, server, self.ca_file, ADMIN_USER, self.admin_token)
+        return server
+
+    def _start_controller_manager(self, binary: Path) -> None:
+        argv = [
+            str(binary),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--controllers=*",
+            f"--service-account-private-key-file={self.key_file}",
+            f"--root-ca-file={self.ca_file}",
+            # No serving port: nothing scrapes it, and the fixed default would clash between clusters.
+            "--secure-port=0",
+        ]
+        if _accepts_flag(binary, "--port"):
+            argv.append("--port=0")  # the insecure port, gone after 1.23
+        self._spawn("kube-controller-manager", argv)
+
+    def _wait_ready(self, server: str, started: float, timeout: float) -> None:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        request = urllib.request.Request(
+            f"{server}/readyz", headers={"Authorization": f"Bearer {self.admin_token}"}
+        )
+        deadline = started + timeout
+        last_report = 0.0
+        reason = "not started"
+        while time.monotonic() < deadline:
+            self._raise_if_exited(("etcd", "kube-apiserver"))
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except urllib.error.HTTPError as error:
+                reason = f"HTTP {error.code}"
+            except (urllib.error.URLError, OSError) as error:
+                reason = str(getattr(error, "reason", error))
+            now = time.monotonic()
+            if now - last_report >= 1.0:
+                log.info("waiting for kube-apiserver /readyz (%.1f s, %s)", now - started, reason)
+                last_report = now
+            time.sleep(0.2)
+        raise ClusterError(
+            f"kube-apiserver not ready after {timeout:.0f} s ({reason}); "
+            f"log tail:\n{self.log_tail('kube-apiserver')}"
+        )
+
+    def _raise_if_exited(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            if not self._component_alive(name):
+                raise ClusterError(f"{name} exited during start-up; log tail:\n{self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        try:
+            text = (self.logs / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # ---- state and stop ----------------------------------------------------------------------
+
+    def _pid(self, name: str) -> int | None:
+        try:
+            return int((self.directory / f"{name}.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _component_alive(self, name: str) -> bool:
+        pid = self._pid(name)
+        return pid is not None and _pid_alive(pid, name)
+
+    def running_components(self) -> list[str]:
+        return [name for name in STOP_ORDER if self._component_alive(name)]
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop every component, apiserver before etcd; SIGKILL what outlives `timeout`."""
+        for name in STOP_ORDER:
+            pid = self._pid(name)
+            if pid is not None and _pid_alive(pid, name):
+                self._terminate(name, pid, timeout)
+            (self.directory / f"{name}.pid").unlink(missing_ok=True)
+
+    @staticmethod
+    def _terminate(name: str, pid: int, timeout: float) -> None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _reap(pid) and not _pid_alive(pid, name):
+                return
+            time.sleep(0.05)
+        log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", name, pid, timeout)
+        os.kill(pid, signal.SIGKILL)
+        _reap(pid)
+
+    # ---- clients ------------------------------------------------------------------------------
+
+    def api_client(self) -> ApiClient:
+        """A kubernetes.client.ApiClient acting as the admin user (system:masters)."""
+        return api_client_for(self.kubeconfig)
+
+    def serviceaccount_kubeconfig(self, namespace: str, name: str, timeout: float = 60.0) -> Path:
+        path = self.directory / f"serviceaccount-{namespace}-{name}.kubeconfig"
+        return serviceaccount_kubeconfig(self.kubeconfig, namespace, name, path, timeout)
+
+    def serviceaccount_api_client(self, namespace: str, name: str) -> ApiClient:
+        """An ApiClient holding only that ServiceAccount's token: it gets exactly what RBAC grants."""
+        return api_client_for(self.serviceaccount_kubeconfig(namespace, name))
+
+
+def _reap(pid: int) -> bool:
+    """Collect `pid` if it is our exited child; True while it is our child and still running."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False  # not our child (started by an earlier `up`): only /proc tells
+    return done == 0
+
+
+def api_client_for(kubeconfig: Path) -> ApiClient:
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(kubeconfig))
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float) -> T:
+    """Poll `probe` until it returns something truthy; ClusterError naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def serviceaccount_kubeconfig(
+    admin_kubeconfig: Path, namespace: str, name: str, path: Path, timeout: float = 60.0
+) -> Path:
+    """Write to `path` a kubeconfig that authenticates with the ServiceAccount's token secret.
+
+    The token is the one kube-controller-manager's token controller puts in the ServiceAccount's
+    secret, the same token a 1.20 Pod running as that ServiceAccount gets mounted.
+    """
+    import base64
+
+    from kubernetes import client
+
+    with api_client_for(admin_kubeconfig) as admin:
+        core = client.CoreV1Api(admin)
+
+        def token() -> str | None:
+            account = core.read_namespaced_service_account(name, namespace)
+            for reference in account.secrets or []:
+                secret = core.read_namespaced_secret(reference.name, namespace)
+                if secret.type == "kubernetes.io/service-account-token" and (secret.data or {}).get("token"):
+                    return base64.b64decode(secret.data["token"]).decode()
+            return None
+
+        value = wait_for(f"a token secret for ServiceAccount {namespace}/{name}", token, timeout)
+        server = admin.configuration.host
+        ca_file = Path(admin.configuration.ssl_ca_cert)
+    return write_kubeconfig(path, server, ca_file, f"system:serviceaccount:{namespace}:{name}", value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cluster.py", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["up", "down", "env", "binaries"])
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="cluster folder (default: .cluster)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="cluster: %(message)s")
+    cluster = Cluster(args.dir)
+    try:
+        if args.command == "binaries":
+            binaries = find_binaries()
+            for field, path in vars(binaries).items():
+                print(f"{field}: {path if path is not None else '(none)'}")
+        elif args.command == "up":
+            running = cluster.running_components()
+            if running:
+                log.info("already running (%s)", ", ".join(running))
+            else:
+                cluster.start(find_binaries(), detach=True)
+            print(f"export KUBECONFIG={cluster.kubeconfig}")
+        elif args.command == "down":
+            cluster.stop()
+            cluster.kubeconfig.unlink(missing_ok=True)
+            log.info("stopped")
+        elif args.command == "env":
+            if not cluster.running_components():
+                raise ClusterError(f"no cluster runs in {cluster.directory}; run `make cluster`")
+            print(f"export KUBECONFIG={cluster.kubeconfig}")
+    except ClusterError as error:
+        log.error("%s", error)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
