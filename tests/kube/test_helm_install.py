@@ -1,0 +1,166 @@
+"""`helm install` of charts/multiworld-operator into the test API server, with real Helm
+(helm-python-sdk): the release deploys, its CRD and RBAC exist and the API server's own
+authorizer grants exactly what the operator and the workers need; an upgrade that switches to
+namespaced RBAC is applied; an uninstall removes everything but the CRD (Helm keeps crds/)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import multiworld_test_cluster as cluster_module  # registered by conftest.py
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from multiworld_test_cluster import Cluster
+
+pytestmark = pytest.mark.kube
+
+CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "multiworld-operator"
+CRD_NAME = "multiworlds.multiworld.io"
+WORKER_SA = "multiworld-worker"
+HELM_TIMEOUT_S = 120
+GONE_TIMEOUT_S = 90.0
+
+
+@contextmanager
+def extra_namespace(api: client.ApiClient) -> Iterator[str]:
+    core = client.CoreV1Api(api)
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
+
+
+def allowed(api: client.ApiClient, account: tuple[str, str], verb: str, resource: str,
+            namespace: str | None, group: str = "") -> bool:
+    """The API server's own answer to: may this ServiceAccount do this?"""
+    sa_namespace, sa_name = account
+    resource, _, subresource = resource.partition("/")
+    review = client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(
+            user=f"system:serviceaccount:{sa_namespace}:{sa_name}",
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{sa_namespace}", "system:authenticated"],
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb, group=group, resource=resource, subresource=subresource or None, namespace=namespace
+            ),
+        )
+    )
+    return bool(client.AuthorizationV1Api(api).create_subject_access_review(review).status.allowed)
+
+
+def exists(read: Callable[[], Any]) -> bool:
+    try:
+        read()
+    except ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def release_objects(api: client.ApiClient, fullname: str, namespace: str, role_namespaces: list[str]) -> dict[str, bool]:
+    """Whether each object the release should own exists, by a readable name."""
+    core, apps, rbac = client.CoreV1Api(api), client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
+    found = {
+        f"Deployment {namespace}/{fullname}": exists(lambda: apps.read_namespaced_deployment(fullname, namespace)),
+        f"ServiceAccount {namespace}/{fullname}": exists(lambda: core.read_namespaced_service_account(fullname, namespace)),
+        f"ClusterRole {fullname}": exists(lambda: rbac.read_cluster_role(fullname)),
+        f"ClusterRoleBinding {fullname}": exists(lambda: rbac.read_cluster_role_binding(fullname)),
+        f"ServiceAccount {namespace}/{WORKER_SA}": exists(lambda: core.read_namespaced_service_account(WORKER_SA, namespace)),
+        f"Role {namespace}/{WORKER_SA}": exists(lambda: rbac.read_namespaced_role(WORKER_SA, namespace)),
+        f"RoleBinding {namespace}/{WORKER_SA}": exists(lambda: rbac.read_namespaced_role_binding(WORKER_SA, namespace)),
+    }
+    for ns in role_namespaces:
+        found[f"Role {ns}/{fullname}"] = exists(lambda ns=ns: rbac.read_namespaced_role(fullname, ns))
+        found[f"RoleBinding {ns}/{fullname}"] = exists(lambda ns=ns: rbac.read_namespaced_role_binding(fullname, ns))
+    return found
+
+
+def operator_container(api: client.ApiClient, fullname: str, namespace: str) -> client.V1Container:
+    deployment = client.AppsV1Api(api).read_namespaced_deployment(fullname, namespace)
+    (container,) = deployment.spec.template.spec.containers
+    return container
+
+
+def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> None:
+    release = f"mw-{uuid.uuid4().hex[:6]}"
+    fullname = f"{release}-multiworld-operator"
+    operator_sa = (namespace, fullname)
+    worker_sa = (namespace, WORKER_SA)
+    with kube_cluster.api_client() as api, extra_namespace(api) as watched, \
+            helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config:
+        installed = config.install(CHART_DIR, release, {}, timeout=HELM_TIMEOUT_S)
+        assert (installed["status"], installed["revision"]) == ("deployed", 1)
+        assert config.status(release)["status"] == "deployed"
+        assert f"serviceAccountName: {WORKER_SA}" in installed["notes"]
+
+        crd = client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD_NAME)
+        assert crd.spec.names.short_names == ["mw"]
+        assert all(release_objects(api, fullname, namespace, []).values()), release_objects(api, fullname, namespace, [])
+
+        # Watching every namespace: the operator may manage Pods anywhere, read CRDs, and no more.
+        for ns in (namespace, watched):
+            assert allowed(api, operator_sa, "create", "pods", ns)
+            assert allowed(api, operator_sa, "patch", "multiworlds/status", ns, "multiworld.io")
+            assert allowed(api, operator_sa, "create", "events", ns, "events.k8s.io")
+        assert allowed(api, operator_sa, "watch", "customresourcedefinitions", None, "apiextensions.k8s.io")
+        assert not allowed(api, operator_sa, "get", "secrets", namespace)
+        assert not allowed(api, operator_sa, "delete", "multiworlds", namespace, "multiworld.io")
+        # The workers: read their MultiWorld, annotate their Pod, post Events; nothing else.
+        assert allowed(api, worker_sa, "watch", "multiworlds", namespace, "multiworld.io")
+        assert allowed(api, worker_sa, "patch", "pods", namespace)
+        assert allowed(api, worker_sa, "create", "events", namespace)
+        assert not allowed(api, worker_sa, "delete", "pods", namespace)
+        assert not allowed(api, worker_sa, "patch", "multiworlds", namespace, "multiworld.io")
+        assert not allowed(api, worker_sa, "get", "pods", watched)
+        with kube_cluster.serviceaccount_api_client(*worker_sa) as worker:
+            listed = client.CustomObjectsApi(worker).list_namespaced_custom_object(
+                "multiworld.io", "v1alpha1", namespace, "multiworlds"
+            )
+            assert listed["items"] == []
+            with pytest.raises(ApiException) as forbidden:
+                client.CoreV1Api(worker).list_namespaced_secret(namespace)
+            assert forbidden.value.status == 403
+
+        # Upgrade to namespaced RBAC (the release namespace and one more) with a new log level.
+        upgraded = config.upgrade(
+            CHART_DIR, release, {"watchNamespaces": [namespace, watched], "logLevel": "DEBUG"}, timeout=HELM_TIMEOUT_S
+        )
+        assert (upgraded["status"], upgraded["revision"]) == ("deployed", 2)
+        container = operator_container(api, fullname, namespace)
+        assert container.args[-4:] == ["--namespace", namespace, "--namespace", watched]
+        assert {env.name: env.value for env in container.env}["MULTIWORLD_LOG_LEVEL"] == "DEBUG"
+        assert all(release_objects(api, fullname, namespace, [namespace, watched]).values())
+        assert allowed(api, operator_sa, "create", "pods", watched)
+        assert allowed(api, operator_sa, "list", "customresourcedefinitions", None, "apiextensions.k8s.io")
+        assert not allowed(api, operator_sa, "create", "pods", "default")
+        assert not allowed(api, operator_sa, "list", "pods", None)
+        assert allowed(api, (watched, WORKER_SA), "patch", "pods", watched)
+
+        config.uninstall(release, timeout=HELM_TIMEOUT_S)
+        cluster_module.wait_for(
+            f"every object of release {release} to be deleted",
+            lambda: not any(release_objects(api, fullname, namespace, [namespace, watched]).values()) or None,
+            GONE_TIMEOUT_S,
+        )
+        with pytest.raises(helm.HelmNotFoundError):
+            config.status(release)
+        # Helm never deletes what it installed from crds/: MultiWorlds outlive the operator.
+        assert exists(lambda: client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD_NAME))
+
+
+def test_install_refuses_bad_values_and_creates_nothing(kube_cluster: Cluster, namespace: str) -> None:
+    release = f"mw-{uuid.uuid4().hex[:6]}"
+    with kube_cluster.api_client() as api, \
+            helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config:
+        with pytest.raises(helm.HelmError, match="/replicas"):
+            config.install(CHART_DIR, release, {"replicas": 3}, timeout=HELM_TIMEOUT_S)
+        assert not any(release_objects(api, f"{release}-multiworld-operator", namespace, []).values())
+        assert config.list(all_states=True) == []
