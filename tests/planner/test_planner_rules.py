@@ -292,7 +292,10 @@ def test_backoff_delays_the_second_restart() -> None:
     sim.advance(4)
     result = sim.step()
     assert result.creates == [] and result.requeue_after == 6
-    sim.report("world2", epoch=3)  # nobody holds epoch 3 yet: cannot fail it
+    sim.report("world2", epoch=3)  # a world waiting for its backoff cannot fail
+    result = sim.step()
+    assert result.actions == [] and sim.epoch("world2") == 3
+    sim.reports.clear()
     sim.advance(6)
     result = sim.step()
     assert [(e.reason, e.world) for e in result.events] == [("WorldRestarting", "world2")]

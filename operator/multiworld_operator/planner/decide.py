@@ -82,10 +82,12 @@ class _Planning:
 
     def run(self) -> Plan:
         self._apply_spec()
+        # A world whose backoff ends now is up for this observation, so what it shows (a dead
+        # pod, a report) counts once, now, and not only when the same observation is replanned.
+        self._end_backoffs()
         failures = self._detect_failures()
         for world, failure in failures.items():
             self._fail(world, failure)
-        self._end_backoffs()
         self._replace_orphans(failures)
         self._finish_worlds()
         table = self._table()

@@ -1,0 +1,226 @@
+"""Invariants of the planner over random topologies and random fault sequences (hypothesis):
+no healthy world changes epoch, a pod of a healthy world is never restarted, epochs only grow,
+the table matches the status, restarts stay within policy, and re-planning the same observation
+changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from multiworld_operator.planner import MultiWorldStatus, Observation, Plan, plan
+from multiworld_operator.spec import MultiWorld
+from planner_sim import Sim, endpoint, make
+
+SETTINGS = settings(max_examples=int(__import__("os").environ.get("PLANNER_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def topologies(draw: st.DrawFn) -> MultiWorld:
+    members = [{"name": f"m{i}", "replicas": draw(st.integers(1, 2))} for i in range(draw(st.integers(2, 4)))]
+    names = [m["name"] for m in members]
+    worlds: list[dict[str, Any]] = []
+    for i in range(draw(st.integers(1, 3))):
+        ranks = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
+        if sum(m["replicas"] for m in members if m["name"] in ranks) < 2:
+            ranks.append(next(n for n in names if n not in ranks))
+        policy = {
+            "maxRestarts": draw(st.integers(0, 3)),
+            "window": draw(st.sampled_from(["30s", "5m"])),
+            "backoff": {"initialDelay": draw(st.sampled_from(["0s", "2s", "7s"])), "maxDelay": "20s"},
+        }
+        worlds.append({"name": f"world{i}", "ranks": ranks, "failurePolicy": policy})
+    for name in names:  # every member must be in some world
+        if not any(name in w["ranks"] for w in worlds):
+            worlds[draw(st.integers(0, len(worlds) - 1))]["ranks"].append(name)
+    return make(members, worlds)
+
+
+FAULTS = st.one_of(
+    st.tuples(st.just("start"), st.floats(0, 1)),
+    st.tuples(st.just("fail"), st.integers(0, 7)),
+    st.tuples(st.just("vanish"), st.integers(0, 7)),
+    st.tuples(st.just("finish"), st.integers(0, 7)),
+    st.tuples(st.just("report"), st.integers(0, 2), st.integers(-1, 0), st.integers(-1, 3)),
+    st.tuples(st.just("advance"), st.sampled_from([1, 3, 8, 40, 400])),
+)
+
+
+def inject(sim: Sim, fault: tuple[Any, ...]) -> tuple[set[str], set[tuple[str, int]]]:
+    """Apply one fault; return the pods it hit and the (world, epoch) it reported broken."""
+    kind = fault[0]
+    pods = sorted(sim.pods)
+    if kind == "start":
+        sim.start_all() if fault[1] > 0.3 else None
+        return set(), set()
+    if kind in ("fail", "vanish", "finish") and pods:
+        pod = pods[fault[1] % len(pods)]
+        if kind == "vanish":
+            sim.vanish(pod)
+        else:
+            sim.set_phase(pod, "Failed" if kind == "fail" else "Succeeded")
+        return ({pod} if kind != "finish" else set()), set()
+    if kind == "report" and sim.status is not None:
+        # A worker reports an epoch it held: the current one or an older one, never a future one.
+        names = list(sim.status.worlds)
+        world = names[fault[1] % len(names)]
+        epoch = max(1, sim.epoch(world) + fault[2])
+        size = sim.status.worlds[world].size
+        sim.report(world, epoch, peer_rank=fault[3] if 0 <= fault[3] < size else None)
+        return set(), {(world, epoch)}
+    if kind == "advance":
+        sim.advance(fault[1])
+    return set(), set()
+
+
+def healthy_worlds(before: MultiWorldStatus, hit: set[str], reported: set[tuple[str, int]]) -> list[str]:
+    return [
+        name for name, world in before.worlds.items()
+        if world.up and not hit & set(world.pods) and (name, world.epoch) not in reported
+    ]
+
+
+def ours(sim: Sim, before: MultiWorldStatus, pod: str) -> bool:
+    record = before.pods.get(pod)
+    seen = sim.pods.get(pod)
+    return record is not None and seen is not None and seen.phase != "Missing" and seen.created_for == record.created_for
+
+
+def check_step(sim: Sim, before: MultiWorldStatus, result: Plan, hit: set[str], reported: set[tuple[str, int]]) -> None:
+    after = result.status
+    # Epochs only grow.
+    for name, world in before.worlds.items():
+        assert after.worlds[name].epoch >= world.epoch, name
+    # No healthy world changes epoch, leaves the table, or loses a pod of its own.
+    deleted = {d.pod for d in result.deletes}
+    for name in healthy_worlds(before, hit, reported):
+        assert after.worlds[name].epoch == before.worlds[name].epoch, (name, result.events)
+        assert after.worlds[name].up or after.worlds[name].phase == "Succeeded", name
+        for pod in before.worlds[name].pods:
+            assert not (pod in deleted and ours(sim, before, pod)), f"{pod} of healthy {name} restarted"
+    check_consistency(sim.mw, sim, result)
+
+
+def check_consistency(mw: MultiWorld, sim: Sim, result: Plan) -> None:
+    status = result.status
+    up = {n: w for n, w in status.worlds.items() if w.up}
+    assert [(w.name, w.epoch, w.pods) for w in result.table.worlds] == [(n, w.epoch, w.pods) for n, w in up.items()]
+    assert status.restarts == sum(w.restarts for w in status.worlds.values())
+    running = sum(w.phase == "Running" for w in status.worlds.values())
+    assert status.worlds_ready == f"{running}/{len(status.worlds)}"
+    present = {name for name, pod in sim.pods.items() if pod.phase != "Missing"}
+    for create in result.creates:
+        assert create.pod not in present, f"{create.pod} created while it exists"
+        assert set(create.created_for) == set(mw.worlds_of_pod(create.pod))
+        assert {a.name: a.epoch for a in create.worlds} == {
+            n: w.epoch for n, w in up.items() if create.pod in w.pods}
+        assert any(n in up for n in mw.worlds_of_pod(create.pod)), f"{create.pod} has no world to join"
+    for name, world in status.worlds.items():
+        policy = mw.world(name).failure_policy
+        assert len(world.recent_restarts) <= policy.max_restarts, name
+
+
+def check_idempotent(sim: Sim, observation: Observation, result: Plan) -> None:
+    again = plan(sim.mw, result.status, observation, endpoint=endpoint)
+    assert again.status == result.status
+    assert again.events == [] and again.publishes == []
+    assert {c.pod for c in again.creates} <= {c.pod for c in result.creates}
+    assert {d.pod for d in again.deletes} <= {d.pod for d in result.deletes}
+    assert again.requeue_after == result.requeue_after
+
+
+@SETTINGS
+@given(mw=topologies(), faults=st.lists(st.tuples(FAULTS, st.booleans()), max_size=25))
+def test_invariants_hold_under_random_faults(mw: MultiWorld, faults: list[tuple[tuple[Any, ...], bool]]) -> None:
+    sim = Sim(mw)
+    sim.step()
+    for fault, executed in faults:
+        hit, reported = inject(sim, fault)
+        assert sim.status is not None
+        before = sim.status
+        observation = sim.observation()
+        result = sim.plan()
+        check_step(sim, before, result, hit, reported)
+        check_idempotent(sim, observation, result)
+        if executed:
+            sim.execute(result)
+        else:
+            sim.status = result.status  # the platform stored the status but lagged on the pods
+
+
+@SETTINGS
+@given(mw=topologies(), faults=st.lists(FAULTS, max_size=15))
+def test_every_surviving_world_comes_back(mw: MultiWorld, faults: list[tuple[Any, ...]]) -> None:
+    """After any faults, a platform that keeps executing plans gets every world that is not
+    Failed or finished back to Running at an epoch it holds on every rank."""
+    sim = Sim(mw)
+    sim.step()
+    for fault in faults:
+        if fault[0] != "finish":
+            inject(sim, fault)
+            sim.step()
+    for _ in range(12):
+        sim.start_all()
+        result = sim.step()
+        if result.requeue_after:
+            sim.advance(result.requeue_after)
+    assert sim.status is not None
+    for name, world in sim.status.worlds.items():
+        assert world.phase in ("Running", "Failed"), (name, world.phase)
+        if world.phase == "Running":
+            assert world.ready_ranks == world.size
+            for pod in world.pods:
+                assert sim.pods[pod].joined is not None and sim.pods[pod].joined.get(name) == world.epoch  # type: ignore[union-attr]
+
+
+@st.composite
+def edits(draw: st.DrawFn) -> tuple[MultiWorld, MultiWorld]:
+    """A topology and an edit of it: a member resized, a world added, or a world removed."""
+    before = draw(topologies())
+    members = [m.model_dump(by_alias=True, exclude_none=True) for m in before.spec.members]
+    worlds = [w.model_dump(by_alias=True, exclude_none=True) for w in before.spec.worlds]
+    change = draw(st.sampled_from(["resize", "add", "remove"]))
+    if change == "resize":
+        member = draw(st.sampled_from(members))
+        member["replicas"] = 3 - member["replicas"]
+        for world in worlds:  # keep every world at 2 ranks or more
+            if sum(m["replicas"] for m in members if m["name"] in world["ranks"]) < 2:
+                member["replicas"] = 2
+    elif change == "add":
+        members.append({"name": "extra", "replicas": 2})
+        worlds.append({"name": "added", "ranks": [draw(st.sampled_from(members[:-1]))["name"], "extra"]})
+    elif len(worlds) > 1:
+        gone = worlds.pop(draw(st.integers(0, len(worlds) - 1)))
+        members = [m for m in members if any(m["name"] in w["ranks"] for w in worlds)]
+        del gone
+    return before, make(members, worlds)
+
+
+@SETTINGS
+@given(pair=edits())
+def test_spec_edits_touch_only_what_changed(pair: tuple[MultiWorld, MultiWorld]) -> None:
+    before, after = pair
+    sim = Sim(before)
+    sim.settle()
+    assert sim.status is not None
+    old = sim.status
+    sim.mw = after
+    result = sim.plan()
+    kept_pods = set(before.all_pods()) & set(after.all_pods())
+    assert not {d.pod for d in result.deletes} & kept_pods
+    assert {d.pod for d in result.deletes} == set(before.all_pods()) - set(after.all_pods())
+    assert {c.pod for c in result.creates} == set(after.all_pods()) - set(before.all_pods())
+    for world in after.spec.worlds:
+        name = world.name
+        if name not in old.worlds:
+            assert result.status.worlds[name].epoch == 1
+        elif old.worlds[name].pods == after.world_pods(name):
+            assert result.status.worlds[name].epoch == old.worlds[name].epoch
+            assert result.status.worlds[name].phase == "Running"
+        else:
+            assert result.status.worlds[name].epoch == old.worlds[name].epoch + 1
+    assert result.status.restarts == old.restarts
+    check_consistency(after, sim, result)
+    check_idempotent(sim, sim.observation(), result)
