@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Two images from one project:
-#   docker build --target operator -t multiworld/operator .   the kopf controller; no torch
-#   docker build --target worker   -t multiworld/worker .     the worker library, CPU torch, examples
+#   docker build --target operator -t ghcr.io/multiworld/operator .   the kopf controller; no torch
+#   docker build --target worker   -t ghcr.io/multiworld/worker .     the worker library, CPU torch, examples
 # The worker's torch comes from the index in TORCH_INDEX_URL (CPU wheels by default), so a CUDA
 # image is a deliberate choice:
 #   docker build --target worker --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 .

@@ -26,8 +26,10 @@ OPERATOR_IN_NAMESPACE = (
     | grants("", ["events"], ["create", "patch"])
     | grants("events.k8s.io", ["events"], ["create", "patch"])
 )
-# kopf's scan of CustomResourceDefinitions: the only cluster-scoped right it needs.
-CRD_READ = grants("apiextensions.k8s.io", ["customresourcedefinitions"], ["get", "list", "watch"])
+# kopf's cluster-scoped reads: CRDs (to notice the MultiWorld resource) and namespaces.
+KOPF_CLUSTER_READS = grants("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]) | grants(
+    "", ["namespaces"], ["list", "watch"]
+)
 WORKER_IN_NAMESPACE = (
     grants("multiworld.io", ["multiworlds"], ["get", "list", "watch"])
     | grants("", ["pods"], ["get", "patch"])
@@ -90,7 +92,7 @@ def test_no_rule_uses_a_wildcard(render: Callable[..., Rendered], values: dict[s
 def test_all_namespaces_mode_grants_through_one_cluster_role(render: Callable[..., Rendered]) -> None:
     rendered = render()
     cluster_role = rendered.one("ClusterRole", FULLNAME)
-    assert granted(cluster_role) == OPERATOR_IN_NAMESPACE | CRD_READ
+    assert granted(cluster_role) == OPERATOR_IN_NAMESPACE | KOPF_CLUSTER_READS
     binding = rendered.one("ClusterRoleBinding", FULLNAME)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": FULLNAME}
     assert binding["subjects"] == [operator_subject()]
@@ -98,11 +100,11 @@ def test_all_namespaces_mode_grants_through_one_cluster_role(render: Callable[..
     assert "--namespace" not in container(rendered)["args"]
 
 
-def test_namespaced_mode_grants_a_role_per_namespace_and_only_crd_read_cluster_wide(
+def test_namespaced_mode_grants_a_role_per_namespace_and_only_kopf_reads_cluster_wide(
     render: Callable[..., Rendered],
 ) -> None:
     rendered = render(NAMESPACED)
-    assert granted(rendered.one("ClusterRole", FULLNAME)) == CRD_READ
+    assert granted(rendered.one("ClusterRole", FULLNAME)) == KOPF_CLUSTER_READS
     for namespace in NAMESPACED["watchNamespaces"]:
         assert granted(rendered.one("Role", FULLNAME, namespace)) == OPERATOR_IN_NAMESPACE
         binding = rendered.one("RoleBinding", FULLNAME, namespace)
@@ -145,9 +147,9 @@ def test_deployment_runs_one_hardened_operator(render: Callable[..., Rendered], 
     assert scratch == {"tmp": "/tmp"}
 
 
-def test_image_and_health_port_come_from_values(render: Callable[..., Rendered]) -> None:
-    chart_version = render().objects[0]["metadata"]["labels"]["app.kubernetes.io/version"]
-    assert container(render())["image"] == f"multiworld/operator:{chart_version}"
+def test_image_and_health_port_come_from_values(chart: helm.Chart, render: Callable[..., Rendered]) -> None:
+    default_image = f"{chart.values['image']['repository']}:{chart.metadata['appVersion']}"
+    assert container(render())["image"] == default_image
     main = container(
         render({
             "image": {"repository": "registry.example/mw-op", "tag": "1.2.3", "pullPolicy": "Always"},
