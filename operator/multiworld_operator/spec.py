@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -178,6 +178,9 @@ class Metadata(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
+_Named = TypeVar("_Named", Member, World)
+
+
 class MultiWorld(_SpecModel):
     api_version: Literal["multiworld.io/v1alpha1"] = Field(alias="apiVersion")
     kind: Literal["MultiWorld"]
@@ -200,10 +203,7 @@ class MultiWorld(_SpecModel):
     # -- members and pods -------------------------------------------------------------------
 
     def member(self, name: str) -> Member:
-        for member in self.spec.members:
-            if member.name == name:
-                return member
-        raise KeyError(f"member {name!r} is not declared in MultiWorld {self.name!r}")
+        return self._declared(self.spec.members, "member", name)
 
     def pods_of(self, member: str) -> list[str]:
         return [pod_name(self.name, member, i) for i in range(self.member(member).replicas)]
@@ -225,10 +225,13 @@ class MultiWorld(_SpecModel):
     # -- worlds -----------------------------------------------------------------------------
 
     def world(self, name: str) -> World:
-        for world in self.spec.worlds:
-            if world.name == name:
-                return world
-        raise KeyError(f"world {name!r} is not declared in MultiWorld {self.name!r}")
+        return self._declared(self.spec.worlds, "world", name)
+
+    def _declared(self, items: list[_Named], what: str, name: str) -> _Named:
+        found = next((item for item in items if item.name == name), None)
+        if found is None:
+            raise KeyError(f"{what} {name!r} is not declared in MultiWorld {self.name!r}")
+        return found
 
     def world_pods(self, world: str) -> list[str]:
         return [pod for member in self.world(world).ranks for pod in self.pods_of(member)]

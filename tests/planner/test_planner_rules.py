@@ -448,12 +448,19 @@ def test_backend_change_is_a_new_epoch() -> None:
 # -- status storage ---------------------------------------------------------------------------
 
 
-def test_status_round_trips_through_the_cr_dict() -> None:
+def backing_off() -> Sim:
+    """world2 failed twice: its second restart waits 10s."""
     sim = running(failurePolicy={"backoff": {"initialDelay": "10s"}})
     sim.fail(W2_0)
     sim.settle()
     sim.fail(W2_0)
-    status = sim.step().status
+    sim.step()
+    return sim
+
+
+def test_status_round_trips_through_the_cr_dict() -> None:
+    status = backing_off().status
+    assert status is not None
     stored = status.to_dict()
     assert stored["worlds"]["world2"]["restartAt"] and stored["worlds"]["world2"]["lastFailure"]["reason"] == "PodFailed"
     assert MultiWorldStatus.from_dict(stored) == status
@@ -461,11 +468,9 @@ def test_status_round_trips_through_the_cr_dict() -> None:
 
 
 def test_merge_patch_removes_what_the_new_status_dropped() -> None:
-    sim = running(failurePolicy={"backoff": {"initialDelay": "10s"}})
-    sim.fail(W2_0)
-    sim.settle()
-    sim.fail(W2_0)
-    waiting = sim.step().status
+    sim = backing_off()
+    waiting = sim.status
+    assert waiting is not None
     sim.advance(10)
     restarted = sim.step().status
     patch = restarted.merge_patch(waiting.to_dict())
