@@ -39,15 +39,14 @@ DEFAULT_SERVICEACCOUNT_TIMEOUT_S = 60.0
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A running control plane; `.kubeconfig`, `.api_client()`, `.serviceaccount_kubeconfig(ns, name)`."""
-    try:
-        binaries = cluster_module.find_binaries()
-    except cluster_module.ClusterError as error:
-        pytest.fail(f"no Kubernetes control plane binaries: {error}", pytrace=False)
     cluster = Cluster(tmp_path_factory.mktemp("kube-cluster"))
+    failure = ""
     try:
-        cluster.start(binaries, detach=False)
+        cluster.start(cluster_module.find_binaries(), detach=False)
     except cluster_module.ClusterError as error:
-        pytest.fail(f"the test Kubernetes control plane did not start: {error}", pytrace=False)
+        failure = f"the test Kubernetes control plane is unavailable: {error}"
+    if failure:
+        pytest.fail(failure, pytrace=False)
     try:
         yield cluster
     finally:
