@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "charts" / "multiworld-operator"
 RELEASE = "mw"
@@ -13,6 +15,16 @@ RELEASE_NAMESPACE = "ops"
 FULLNAME = "mw-multiworld-operator"
 
 Manifest = dict[str, Any]
+
+
+def example_pod_templates() -> list[tuple[str, Manifest]]:
+    """(example folder, pod template) of spec.template and every member template of each example."""
+    found = []
+    for manifest in sorted((REPO / "examples").glob("*/multiworld.yaml")):
+        spec = yaml.safe_load(manifest.read_text())["spec"]
+        templates = [spec["template"]] + [m["template"] for m in spec["members"] if "template" in m]
+        found += [(manifest.parent.name, template) for template in templates]
+    return found
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import helm_python as helm
 import pytest
-from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, REPO, Manifest, Rendered
+from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, REPO, Manifest, Rendered, example_pod_templates
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -232,3 +232,11 @@ def test_schema_accepts_the_defaults_and_both_modes(chart: helm.Chart) -> None:
     chart.validate_schema(chart.merge_values({}))
     chart.validate_schema(chart.merge_values(NAMESPACED))
     chart.validate_schema(chart.merge_values({"replicas": 0}))
+
+
+def test_example_manifests_run_as_the_workers_service_account(chart: helm.Chart) -> None:
+    default_account = chart.values["workers"]["serviceAccountName"]
+    templates = example_pod_templates()
+    assert templates
+    for example, template in templates:
+        assert template["spec"].get("serviceAccountName") == default_account, example

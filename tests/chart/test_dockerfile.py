@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import pytest
-from chart_support import FULLNAME, RELEASE_NAMESPACE, REPO, Rendered
+from chart_support import FULLNAME, RELEASE_NAMESPACE, REPO, Rendered, example_pod_templates
 
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -244,6 +244,25 @@ def test_worker_image_has_the_examples_in_its_working_directory(dockerfile: Dock
         if from_stage is None and sources == ["examples"]
     ]
     assert destinations == [worker.workdir(dockerfile.stages) / "examples"]
+
+
+def test_example_manifests_run_scripts_the_worker_image_holds(dockerfile: Dockerfile) -> None:
+    worker = dockerfile.stages["worker"]
+    workdir = worker.workdir(dockerfile.stages)
+    copied = {str(workdir / dest): sources for from_stage, sources, dest in dockerfile.copies(worker) if not from_stage}
+    commands = [
+        container["command"]
+        for _, template in example_pod_templates()
+        for container in template["spec"]["containers"]
+        if "command" in container
+    ]
+    assert commands, "no example manifest names a command"
+    for command in commands:
+        assert command[0] == "python"
+        script = str(workdir / command[1])
+        (folder,) = [dest for dest in copied if script.startswith(dest + "/")]
+        (source,) = copied[folder]
+        assert f"{source}/{script[len(folder) + 1:]}" in context_files(source), command
 
 
 def test_wheel_stage_builds_one_wheel_with_both_packages(dockerfile: Dockerfile, tmp_path: Path) -> None:
