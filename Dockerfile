@@ -23,7 +23,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin multiworld
+RUN groupadd --gid 10001 multiworld \
+    && useradd --uid 10001 --gid 10001 --create-home --shell /usr/sbin/nologin multiworld
 WORKDIR /app
 
 FROM runtime AS operator

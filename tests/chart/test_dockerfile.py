@@ -189,12 +189,12 @@ def final_user(stage: Stage) -> str:
 def test_images_run_as_the_non_root_uid_the_chart_expects(
     dockerfile: Dockerfile, render: Callable[..., Rendered], target: str
 ) -> None:
-    uid = int(final_user(dockerfile.stages[target]).split(":")[0])
-    assert uid != 0
+    uid, gid = (int(part) for part in final_user(dockerfile.stages[target]).split(":"))
+    assert uid != 0 and gid != 0
     pod = render().one("Deployment", FULLNAME, RELEASE_NAMESPACE)["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsUser"] == uid
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == (uid, gid)
     runtime_setup = " ".join(dockerfile.stages["runtime"].args_of("RUN"))
-    assert f"--uid {uid}" in runtime_setup
+    assert f"useradd --uid {uid} --gid {gid}" in runtime_setup
 
 
 @pytest.mark.parametrize("values", [{}, {"watchNamespaces": ["team-a", "team-b"]}], ids=["all", "namespaced"])
