@@ -29,8 +29,14 @@ ENV_TABLE = "MULTIWORLD_TABLE"
 ENV_NAME = "MULTIWORLD_NAME"
 ENV_NAMESPACE = "MULTIWORLD_NAMESPACE"
 
-# Pod annotation a worker writes when it sees a world break (Kubernetes channel).
+# Pod annotation a worker writes when it sees a world break (Kubernetes channel): the latest
+# BrokenWorldReport as JSON.
 REPORT_ANNOTATION = "multiworld.io/broken-world"
+# Pod annotation holding every report of the pod's current incarnation, latest per world (a JSON
+# list of BrokenWorldReport), so two worlds breaking at once cannot hide one another.
+REPORTS_ANNOTATION = "multiworld.io/broken-worlds"
+# Pod annotation holding the worker's latest WorkerStatus as JSON (Kubernetes channel).
+STATUS_ANNOTATION = "multiworld.io/worker-status"
 
 # World names double as store key prefixes and DNS-ish labels.
 WORLD_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
