@@ -42,6 +42,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
 from multiworld.contract import Backend
@@ -65,8 +66,8 @@ _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 # Patterns the CRD carries so the API server refuses bad values early; the models check the
 # same rules themselves (with messages naming the field) rather than through these.
-_NAME_SCHEMA = {"pattern": _DNS1123_LABEL.pattern, "maxLength": MAX_LABEL}
-_DURATION_SCHEMA = {"pattern": _DURATION.pattern}
+_NAME_SCHEMA: JsonDict = {"pattern": _DNS1123_LABEL.pattern, "maxLength": MAX_LABEL}
+_DURATION_SCHEMA: JsonDict = {"pattern": _DURATION.pattern}
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # The cross-field validator raises this error type; parse_manifest reports those problems from
 # its own pass over the raw data instead, so they are listed once, next to the field errors.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType

@@ -5,6 +5,7 @@ changes nothing."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +15,9 @@ from multiworld_operator.planner import MultiWorldStatus, Observation, Plan, pla
 from multiworld_operator.spec import MultiWorld
 from planner_sim import Sim, endpoint, make
 
-SETTINGS = settings(max_examples=int(__import__("os").environ.get("PLANNER_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# PLANNER_EXAMPLES=3000 for a long hunt; the default keeps the suite quick.
+SETTINGS = settings(max_examples=int(os.environ.get("PLANNER_EXAMPLES", "150")), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -53,7 +56,8 @@ def inject(sim: Sim, fault: tuple[Any, ...]) -> tuple[set[str], set[tuple[str, i
     kind = fault[0]
     pods = sorted(sim.pods)
     if kind == "start":
-        sim.start_all() if fault[1] > 0.3 else None
+        if fault[1] > 0.3:
+            sim.start_all()
         return set(), set()
     if kind in ("fail", "vanish", "finish") and pods:
         pod = pods[fault[1] % len(pods)]
@@ -85,7 +89,8 @@ def healthy_worlds(before: MultiWorldStatus, hit: set[str], reported: set[tuple[
 def ours(sim: Sim, before: MultiWorldStatus, pod: str) -> bool:
     record = before.pods.get(pod)
     seen = sim.pods.get(pod)
-    return record is not None and seen is not None and seen.phase != "Missing" and seen.created_for == record.created_for
+    return (record is not None and seen is not None and seen.phase != "Missing"
+            and seen.created_for == record.created_for)
 
 
 def check_step(sim: Sim, before: MultiWorldStatus, result: Plan, hit: set[str], reported: set[tuple[str, int]]) -> None:

@@ -409,7 +409,7 @@ def test_editing_a_failed_world_revives_it() -> None:
     sim.step()
     assert sim.world_phase("world2") == "Failed"
     edit(sim, [*SEED_MEMBERS[:2], {"name": "w2", "replicas": 2}],
-         [{**SEED_WORLDS[0], "failurePolicy": {"maxRestarts": 0}}, {**SEED_WORLDS[1], "failurePolicy": {"maxRestarts": 0}}])
+         [{**world, "failurePolicy": {"maxRestarts": 0}} for world in SEED_WORLDS])
     result = sim.step()
     assert sim.world_phase("world2") == "Pending" and sim.epoch("world2") == 2
     assert {c.pod for c in result.creates} == {W2_0, "mw-w2-1"}
@@ -462,7 +462,8 @@ def test_status_round_trips_through_the_cr_dict() -> None:
     status = backing_off().status
     assert status is not None
     stored = status.to_dict()
-    assert stored["worlds"]["world2"]["restartAt"] and stored["worlds"]["world2"]["lastFailure"]["reason"] == "PodFailed"
+    world2 = stored["worlds"]["world2"]
+    assert world2["restartAt"] and world2["lastFailure"]["reason"] == "PodFailed"
     assert MultiWorldStatus.from_dict(stored) == status
     assert MultiWorldStatus.from_dict(None) is None and MultiWorldStatus.from_dict({}) is None
 

@@ -17,9 +17,8 @@ Rules (DESIGN.md, "Recovery semantics"):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from datetime import datetime, timedelta
-from typing import Any
+from collections.abc import Callable, Sequence
+from datetime import timedelta
 
 from multiworld.contract import Backend, BrokenWorldReport, WorldEntry, WorldTable
 
@@ -30,12 +29,13 @@ from .model import (
     DeletePod,
     EmitEvent,
     Endpoint,
+    EventType,
     Observation,
     Plan,
     PodObservation,
     PublishTable,
 )
-from .status import Condition, Failure, MultiWorldStatus, Phase, PodRecord, WorldStatus
+from .status import Condition, ConditionStatus, Failure, MultiWorldStatus, Phase, PodRecord, WorldStatus
 
 
 def plan(
@@ -152,10 +152,10 @@ class _Planning:
                         message=f"pod {pod} (rank {rank}) {'failed' if ours else 'was deleted'}",
                     )
         for report in self.reports:
-            state = self.worlds.get(report.world)
-            if state is None or not state.up or report.epoch != state.epoch or report.world in failures:
+            reported = self.worlds.get(report.world)
+            if reported is None or not reported.up or report.epoch != reported.epoch or report.world in failures:
                 continue
-            failures[report.world] = self._report_failure(report, state)
+            failures[report.world] = self._report_failure(report, reported)
         return failures
 
     def _report_failure(self, report: BrokenWorldReport, state: WorldStatus) -> Failure:
@@ -244,9 +244,10 @@ class _Planning:
             self.deletes.append(DeletePod(pod=name, reason="not part of the spec"))
 
     def _delete_reason(self, seen: PodObservation, record: PodRecord | None) -> str:
+        wanted = any(self.worlds[w].up for w in self.pod_worlds[seen.name])
         if seen.phase == "Failed":
-            return "failed; replaced by a new instance"
-        if record is None and not any(self.worlds[w].up for w in self.pod_worlds[seen.name]):
+            return "failed; replaced by a new instance" if wanted else "failed"
+        if record is None and not wanted:
             return "no world of this pod is running"
         return "an outdated instance; replaced by a new one"
 
@@ -274,8 +275,9 @@ class _Planning:
             state.ready_ranks = sum(self._ready(pod, name, state.epoch) for pod in state.pods)
             if state.ready_ranks == state.size and state.phase != "Running":
                 recovered = state.phase == "Recovering"
+                how = "back" if recovered else "ready"
                 self._event("Normal", "WorldRecovered" if recovered else "WorldReady", name,
-                            f"world {name} {'back' if recovered else 'ready'} with all {state.size} ranks at epoch {state.epoch}")
+                            f"world {name} {how} with all {state.size} ranks at epoch {state.epoch}")
                 state.phase = "Running"
 
     # -- status ------------------------------------------------------------------------------
@@ -306,7 +308,7 @@ class _Planning:
         )
 
     def _condition(self, type_: str, true: bool, reason: str, message: str) -> Condition:
-        status = "True" if true else "False"
+        status: ConditionStatus = "True" if true else "False"
         old = self.previous.condition(type_)
         since = old.last_transition_time if old is not None and old.status == status else self.now
         return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since)
@@ -315,16 +317,15 @@ class _Planning:
         waits = [(s.restart_at - self.now).total_seconds() for s in self.worlds.values() if s.restart_at]
         return min(waits) if waits else None
 
-    def _event(self, type_: Any, reason: str, world: str | None, message: str) -> None:
+    def _event(self, type_: EventType, reason: str, world: str | None, message: str) -> None:
         self.events.append(EmitEvent(type=type_, reason=reason, world=world, message=message))
 
 
-def _overall_phase(phases: list[str]) -> Phase:
+def _overall_phase(phases: Sequence[str]) -> Phase:
     if phases and all(p == "Succeeded" for p in phases):
         return "Succeeded"
     if "Failed" in phases:
         return "Failed" if all(p in ("Failed", "Succeeded") for p in phases) else "Degraded"
-    for phase in ("Recovering", "Pending"):
-        if phase in phases:
-            return phase  # type: ignore[return-value]
-    return "Running"
+    if "Recovering" in phases:
+        return "Recovering"
+    return "Pending" if "Pending" in phases else "Running"

@@ -13,6 +13,7 @@ from multiworld.contract import BrokenWorldReport, WorkerEnv, WorldAssignment, W
 from .status import MultiWorldStatus
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Missing"]
+EventType = Literal["Normal", "Warning"]
 # endpoint(world name, rank-0 pod name) -> (host, port) of that world's rendezvous store.
 Endpoint = Callable[[str, str], tuple[str, int]]
 
@@ -88,7 +89,7 @@ class EmitEvent(_Model):
     """Record an event on the MultiWorld (`kubectl describe mw`); locally, show or log it."""
 
     action: Literal["event"] = "event"
-    type: Literal["Normal", "Warning"]
+    type: EventType
     reason: str
     message: str
     world: str | None = None
