@@ -9,7 +9,8 @@ Public API (stable; both platforms call it the same way):
                   backend_of=None)          # world -> 'nccl'|'gloo'; default: multiworld.backend_of
     for action in result.actions:           # in order: DeletePod, PublishTable, CreatePod, EmitEvent
         ...
-    store(result.status)                    # MultiWorldStatus; .to_dict() is the CR's status
+    store(result.status)                    # MultiWorldStatus; .to_dict() is the CR's status,
+                                            # .merge_patch(stored_dict) the merge patch to write it
     result.table                            # contract.WorldTable for the workers (= status.table)
     result.requeue_after                    # seconds until a backoff ends, or None
 
@@ -19,8 +20,13 @@ Public API (stable; both platforms call it the same way):
 - `Observation.pods`: every pod of this MultiWorld that exists, with `created_for` read back
   from what CreatePod asked for (store it on the pod, e.g. as a JSON annotation) and, when
   known, `joined` (WorkerStatus.joined). A pod once observed and then absent counts as deleted.
-- `Observation.reports`: BrokenWorldReports received; stale epochs are ignored, so a platform
-  may pass every report it still has.
+- `Observation.reports`: BrokenWorldReports received; reports for other than a world's current
+  epoch are ignored, so a platform may pass every report it still has.
+- Status phases: overall Pending | Running | Degraded (some world Failed) | Recovering |
+  Failed (no world left) | Succeeded (every world finished); per world Pending | Running |
+  Recovering | Failed | Succeeded. Event reasons: WorldFailed, WorldExhausted (Warning);
+  WorldRestarting, WorldRecovered, WorldReady, WorldSucceeded, WorldAdded, WorldChanged,
+  WorldRemoved (Normal).
 - `CreatePod.worker_env(table_url)` is the pod's WorkerEnv; `CreatePod.template` is its pod
   template. `DeletePod` of a pod that is gone, or `CreatePod` of one that exists, is a no-op.
 """

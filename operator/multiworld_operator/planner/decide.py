@@ -5,10 +5,12 @@ Rules (DESIGN.md, "Recovery semantics"):
   not waiting for a backoff) fails when one of its pods fails, disappears after it was seen, or a
   worker reports it broken at its current epoch (reports for other epochs are ignored).
 - A failed world gets the next epoch at once, and is restarted now or, from its second restart
-  within the failure policy's window, after a backoff (out of the world table meanwhile). When
-  the window already holds `maxRestarts` restarts the world is Failed for good instead.
-- A dead pod is replaced. A live pod is replaced only when none of its worlds is up any more
-  after this failure ("its worlds have all failed"); any other pod stays and follows the table.
+  within the failure policy's window, after a backoff (out of the world table meanwhile; a world
+  waiting cannot fail again). When the window already holds `maxRestarts` restarts the world is
+  Failed for good instead; the others go on.
+- A dead pod is replaced. A live pod of a world that just failed is replaced only when all its
+  worlds have failed (none is up other than by restarting from this failure); any other pod
+  stays and joins the new epoch through the table.
 - A pod exists while at least one of its worlds is up (or it finished); pods of Failed worlds
   only, of removed members, or unknown instances are deleted.
 - Spec edits: new worlds start at epoch 1, removed ones leave the table, a world whose expanded
