@@ -1,10 +1,17 @@
 """`helm install` of charts/multiworld-operator into the test API server, with real Helm
 (helm-python-sdk): the release deploys, its CRD and RBAC exist and the API server's own
 authorizer grants exactly what the operator and the workers need; an upgrade that switches to
-namespaced RBAC is applied; an uninstall removes everything but the CRD (Helm keeps crds/)."""
+namespaced RBAC is applied; an uninstall removes everything but the CRD (Helm keeps crds/).
+And the real operator, started as the image starts it and holding only the chart's
+ServiceAccount token, serves an example MultiWorld in both RBAC modes without a refusal."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,6 +21,7 @@ from typing import Any
 import helm_python as helm
 import multiworld_test_cluster as cluster_module  # registered by conftest.py
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
@@ -25,6 +33,9 @@ CRD_NAME = "multiworlds.multiworld.io"
 WORKER_SA = "multiworld-worker"
 HELM_TIMEOUT_S = 120
 GONE_TIMEOUT_S = 90.0
+OPERATOR_TIMEOUT_S = 120.0
+OPERATOR_STOP_TIMEOUT_S = 30.0
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "all_gather" / "multiworld.yaml"
 
 
 @contextmanager
@@ -164,3 +175,77 @@ def test_install_refuses_bad_values_and_creates_nothing(kube_cluster: Cluster, n
             config.install(CHART_DIR, release, {"replicas": 3}, timeout=HELM_TIMEOUT_S)
         assert not any(release_objects(api, f"{release}-multiworld-operator", namespace, []).values())
         assert config.list(all_states=True) == []
+
+
+@contextmanager
+def operator_process(kube_cluster: Cluster, namespace: str, fullname: str, log_path: Path) -> Iterator[int]:
+    """`multiworld operator` with the args and env of the chart's Deployment, authenticated only
+    by the chart's operator ServiceAccount; yields its health port."""
+    with kube_cluster.api_client() as api:
+        container = operator_container(api, fullname, namespace)
+    kubeconfig = kube_cluster.serviceaccount_kubeconfig(namespace, fullname)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **{e.name: e.value for e in container.env}}
+    entrypoint = [str(Path(sys.executable).parent / "multiworld"), "operator"]
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(entrypoint + container.args, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        yield container.ports[0].container_port
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(OPERATOR_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def healthy(port: int) -> bool | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+            return response.status == 200 or None
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("mode", ["all-namespaces", "namespaced"])
+def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
+    kube_cluster: Cluster, namespace: str, mode: str, tmp_path: Path
+) -> None:
+    release = f"mw-{uuid.uuid4().hex[:6]}"
+    fullname = f"{release}-multiworld-operator"
+    values: dict[str, Any] = {"healthPort": cluster_module.free_port()}
+    if mode == "namespaced":
+        values["watchNamespaces"] = [namespace]
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    name = manifest["metadata"]["name"]
+    pod_count = sum(member.get("replicas", 1) for member in manifest["spec"]["members"])
+    log_path = tmp_path / "operator.log"
+    with kube_cluster.api_client() as api, \
+            helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config:
+        config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        try:
+            with operator_process(kube_cluster, namespace, fullname, log_path) as health_port:
+                custom.create_namespaced_custom_object("multiworld.io", "v1alpha1", namespace, "multiworlds", manifest)
+                pods = cluster_module.wait_for(
+                    f"the operator to create the {pod_count} pods of {name}",
+                    lambda: (lambda items: items if len(items) == pod_count else None)(
+                        core.list_namespaced_pod(namespace, label_selector=f"multiworld.io/name={name}").items
+                    ),
+                    OPERATOR_TIMEOUT_S,
+                )
+                assert exists(lambda: core.read_namespaced_service(name, namespace))
+                cluster_module.wait_for(
+                    f"the operator to write the status of {name}",
+                    lambda: custom.get_namespaced_custom_object(
+                        "multiworld.io", "v1alpha1", namespace, "multiworlds", name
+                    ).get("status", {}).get("phase"),
+                    OPERATOR_TIMEOUT_S,
+                )
+                assert cluster_module.wait_for("the liveness endpoint", lambda: healthy(health_port), OPERATOR_TIMEOUT_S)
+        finally:
+            config.uninstall(release, timeout=HELM_TIMEOUT_S)
+        assert {pod.spec.service_account_name for pod in pods} == {WORKER_SA}
+    log = log_path.read_text(errors="replace")
+    assert "Forbidden" not in log and " 403" not in log, log[-3000:]
+
