@@ -1,0 +1,106 @@
+"""What the operator writes: pod and Service bodies, their labels and annotations (pure).
+
+Pods are `<mw>-<member>-<ordinal>` with hostname `<pod>` and subdomain `<mw>`, so the headless
+Service `<mw>` makes `<pod>.<mw>` resolve inside the namespace even before the pod is ready.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from multiworld.contract import ENV_NAME, ENV_NAMESPACE
+
+from ..planner import CreatePod
+from ..spec import GROUP_VERSION, KIND
+
+NAME_LABEL = "multiworld.io/name"
+MEMBER_LABEL = "multiworld.io/member"
+ORDINAL_LABEL = "multiworld.io/ordinal"
+# The planner's stamp on each pod instance (CreatePod.created_for), read back when observing.
+CREATED_FOR_ANNOTATION = "multiworld.io/created-for"
+COMPONENT = "multiworld-operator"
+
+
+def table_url(namespace: str, name: str) -> str:
+    """Where a pod's worker follows the live world table: its MultiWorld's status."""
+    return f"kubernetes://{namespace}/{name}"
+
+
+def rendezvous_host(multiworld: str, rank0_pod: str) -> str:
+    return f"{rank0_pod}.{multiworld}"
+
+
+def selector(multiworld: str) -> str:
+    return f"{NAME_LABEL}={multiworld}"
+
+
+def owner_reference(multiworld: Mapping[str, Any]) -> dict[str, Any]:
+    """Makes the MultiWorld own a pod or Service, so deleting it deletes them (garbage collector).
+    No blockOwnerDeletion: that would need update on multiworlds/finalizers where the
+    OwnerReferencesPermissionEnforcement admission plugin runs."""
+    meta = multiworld["metadata"]
+    return {"apiVersion": GROUP_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"], "controller": True}
+
+
+def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod for `action`, from its member's template: our labels, the created-for stamp,
+    the worker contract's environment in every container, restartPolicy Never (the operator,
+    not the kubelet, decides what a failure costs)."""
+    meta = multiworld["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    template = copy.deepcopy(dict(action.template))
+    template_meta = template.get("metadata") or {}
+    spec = template.get("spec") or {}
+    env = {
+        **action.worker_env(table_url(namespace, name)).to_env(),
+        ENV_NAME: name,
+        ENV_NAMESPACE: namespace,
+    }
+    for container in spec.get("containers") or []:
+        own = [e for e in container.get("env") or [] if e.get("name") not in env]
+        container["env"] = own + [{"name": key, "value": value} for key, value in env.items()]
+    spec.update(restartPolicy="Never", hostname=action.pod, subdomain=name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": action.pod,
+            "namespace": namespace,
+            "labels": {
+                **(template_meta.get("labels") or {}),
+                NAME_LABEL: name,
+                MEMBER_LABEL: action.member,
+                ORDINAL_LABEL: str(action.ordinal),
+            },
+            "annotations": {
+                **(template_meta.get("annotations") or {}),
+                CREATED_FOR_ANNOTATION: json.dumps(action.created_for, sort_keys=True, separators=(",", ":")),
+            },
+            "ownerReferences": [owner_reference(multiworld)],
+        },
+        "spec": spec,
+    }
+
+
+def service_body(multiworld: Mapping[str, Any]) -> dict[str, Any]:
+    """The headless Service `<mw>`: DNS for every pod, ready or not (ranks rendezvous before
+    any readiness probe could pass)."""
+    meta = multiworld["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": {NAME_LABEL: meta["name"]},
+            "ownerReferences": [owner_reference(multiworld)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {NAME_LABEL: meta["name"]},
+        },
+    }

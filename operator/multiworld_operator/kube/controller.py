@@ -1,0 +1,112 @@
+"""One reconcile loop per MultiWorld, woken by watch events (the loop shape of the local runner).
+
+Each loop runs its Reconciler's steps one at a time (that is the per-MultiWorld lock: two
+steps of one MultiWorld never overlap), and waits between steps for a wake-up (its MultiWorld,
+one of its pods or its Service changed), for the planner's `requeue_after`, after an error for
+a growing backoff, or at the latest for a periodic resync that makes up for any missed event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from .api import KubeApi
+from .reconcile import MultiWorldGone, PodsRefused, Reconciler, api_message
+
+log = logging.getLogger(__name__)
+
+RESYNC_S = 60.0
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 60.0
+
+Key = tuple[str, str]
+
+
+class ReconcileLoop:
+    def __init__(self, reconciler: Reconciler) -> None:
+        self.reconciler = reconciler
+        self.wake = asyncio.Event()
+        self.failures = 0
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"reconcile {self.key}")
+
+    @property
+    def key(self) -> Key:
+        return self.reconciler.namespace, self.reconciler.name
+
+    def poke(self) -> None:
+        self.wake.set()
+
+    async def _run(self) -> None:
+        wait: float | None = 0.0
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), RESYNC_S if wait is None else wait)
+            self.wake.clear()
+            try:
+                wait = await self.reconciler.step()
+                self.failures = 0
+            except MultiWorldGone:
+                log.info("%s/%s: gone; reconcile loop ends", *self.key)
+                return
+            except (ApiException, PodsRefused, OSError) as error:
+                wait = self._backoff(error)
+            except Exception:  # a bug must not end the loop of this MultiWorld for good
+                log.exception("%s/%s: reconcile step failed", *self.key)
+                wait = self._backoff(None)
+
+    def _backoff(self, error: BaseException | None) -> float:
+        self.failures += 1
+        delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (self.failures - 1))
+        if error is not None:
+            reason = api_message(error) if isinstance(error, ApiException) else str(error)
+            log.warning("%s/%s: reconcile step failed (%s); retrying in %gs", *self.key, reason, delay)
+        return delay
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+class Controller:
+    """Every MultiWorld this operator serves, by (namespace, name)."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+        self.loops: dict[Key, ReconcileLoop] = {}
+
+    async def multiworld_changed(self, body: Mapping[str, Any], deleted: bool) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        loop = self.loops.get(key)
+        if deleted:
+            if loop is not None and loop.reconciler.uid == body["metadata"]["uid"]:
+                del self.loops[key]
+                await loop.stop()
+            return
+        if loop is None or loop.task.done():
+            self.loops[key] = ReconcileLoop(Reconciler(self.api, body))
+            return
+        loop.reconciler.update(body)
+        loop.poke()
+
+    def pods_changed(self, namespace: str, multiworld: str) -> None:
+        loop = self.loops.get((namespace, multiworld))
+        if loop is not None:
+            loop.poke()
+
+    def service_deleted(self, namespace: str, multiworld: str) -> None:
+        loop = self.loops.get((namespace, multiworld))
+        if loop is not None:
+            loop.reconciler.service_known = False
+            loop.poke()
+
+    async def stop(self) -> None:
+        loops, self.loops = list(self.loops.values()), {}
+        for loop in loops:
+            await loop.stop()

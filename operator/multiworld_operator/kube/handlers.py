@@ -1,0 +1,57 @@
+"""The kopf handlers: thin. They watch MultiWorlds, and the pods and Services labelled with
+one, and wake that MultiWorld's reconcile loop (controller.py), which observes, plans and
+executes. No handler writes to the API itself, so kopf keeps no state on the MultiWorld: no
+finalizer, no annotations (deleting a MultiWorld never waits for the operator).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from multiworld.channels.kubernetes import api_client
+
+from ..spec import API_GROUP, API_VERSION, PLURAL
+from .api import REQUEST_TIMEOUT_S, KubeApi
+from .bodies import NAME_LABEL
+from .controller import Controller
+
+# Watches end server-side after this long and are re-established; the client gives up a bit
+# later on a connection that went silent.
+# An integer: the API server refuses a fractional timeoutSeconds.
+WATCH_SERVER_TIMEOUT_S = 300
+WATCH_CLIENT_TIMEOUT_S = 330.0
+CONNECT_TIMEOUT_S = 10.0
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
+    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_S
+    settings.watching.connect_timeout = CONNECT_TIMEOUT_S
+    settings.networking.request_timeout = REQUEST_TIMEOUT_S
+    settings.networking.connect_timeout = CONNECT_TIMEOUT_S
+    memo.controller = Controller(KubeApi(api_client()))
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    await memo.controller.stop()
+
+
+@kopf.on.event(API_GROUP, API_VERSION, PLURAL)
+async def multiworld_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    await memo.controller.multiworld_changed(event["object"], deleted=event["type"] == "DELETED")
+
+
+@kopf.on.event("", "v1", "pods", labels={NAME_LABEL: kopf.PRESENT})
+async def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.pods_changed(namespace, labels[NAME_LABEL])
+
+
+@kopf.on.event("", "v1", "services", labels={NAME_LABEL: kopf.PRESENT})
+async def service_event(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
+                        **_: Any) -> None:
+    if event["type"] == "DELETED":
+        memo.controller.service_deleted(namespace, labels[NAME_LABEL])

@@ -1,0 +1,14 @@
+"""`multiworld operator`: kopf in standalone mode (one operator acts alone; no peering)."""
+
+from __future__ import annotations
+
+import kopf
+
+from . import handlers  # noqa: F401  (registers the handlers with kopf)
+
+
+def run_operator(namespaces: list[str], liveness: str | None = None) -> int:
+    """Serve MultiWorlds in `namespaces` (every namespace when empty) until SIGINT/SIGTERM;
+    `liveness` (e.g. http://0.0.0.0:8080/healthz) serves kopf's health endpoint."""
+    kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces, liveness_endpoint=liveness)
+    return 0

@@ -1,0 +1,133 @@
+"""Pods as the API lists them -> what the planner observes (pure).
+
+- Our instances: pods owned by this MultiWorld (by uid). A pod of an older MultiWorld of the
+  same name (waiting for the garbage collector) is not ours, but it still holds its name.
+- A pod being deleted is gone for the planner (a deleted pod is a failed one); it keeps its name
+  until the API forgets it, so nothing is created in its place before then.
+- `created_for` comes back from the pod's annotation; the worker's WorkerStatus and its
+  BrokenWorldReports come from the annotations its Kubernetes channel writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from multiworld.contract import (
+    REPORT_ANNOTATION,
+    REPORTS_ANNOTATION,
+    STATUS_ANNOTATION,
+    BrokenWorldReport,
+    WorkerStatus,
+)
+
+from ..planner import PodObservation, PodPhase
+from .bodies import CREATED_FOR_ANNOTATION, MEMBER_LABEL, ORDINAL_LABEL
+
+log = logging.getLogger(__name__)
+
+_REPORT_LIST = TypeAdapter(list[BrokenWorldReport])
+_CREATED_FOR = TypeAdapter(dict[str, int])
+_PHASES: dict[str, PodPhase] = {"Pending": "Pending", "Running": "Running", "Succeeded": "Succeeded",
+                                "Failed": "Failed", "Unknown": "Pending"}
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class OwnerRef(_Lenient):
+    uid: str
+    controller: bool = False
+
+
+class PodMeta(_Lenient):
+    name: str
+    uid: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    owner_references: list[OwnerRef] = Field(default_factory=list, alias="ownerReferences")
+    deletion_timestamp: datetime | None = Field(default=None, alias="deletionTimestamp")
+
+
+class PodState(_Lenient):
+    phase: str = "Pending"
+
+
+class KubePod(_Lenient):
+    """The fields of a Pod the operator reads."""
+
+    metadata: PodMeta
+    status: PodState = Field(default_factory=PodState)
+
+    def owned_by(self, uid: str) -> bool:
+        return any(ref.controller and ref.uid == uid for ref in self.metadata.owner_references)
+
+
+class ObservedPods(BaseModel):
+    """One listing of a MultiWorld's pods, ready for the planner and the executor."""
+
+    pods: list[PodObservation] = Field(default_factory=list)
+    reports: list[BrokenWorldReport] = Field(default_factory=list)
+    # Every pod name taken now (ours or not, terminating or not) -> that pod's uid.
+    present: dict[str, str] = Field(default_factory=dict)
+    terminating: set[str] = Field(default_factory=set)
+
+
+def observe_pods(items: list[Mapping[str, Any]], owner_uid: str) -> ObservedPods:
+    seen = ObservedPods()
+    for item in items:
+        pod = KubePod.model_validate(item)
+        meta = pod.metadata
+        seen.present[meta.name] = meta.uid
+        if meta.deletion_timestamp is not None:
+            seen.terminating.add(meta.name)
+        if not pod.owned_by(owner_uid):
+            continue
+        seen.reports += _reports(meta)
+        if meta.deletion_timestamp is not None:
+            continue
+        seen.pods.append(PodObservation(
+            name=meta.name,
+            member=meta.labels.get(MEMBER_LABEL, ""),
+            ordinal=_ordinal(meta.labels.get(ORDINAL_LABEL)),
+            phase=_PHASES.get(pod.status.phase, "Pending"),
+            created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
+            joined=_joined(meta),
+        ))
+    return seen
+
+
+def _ordinal(value: str | None) -> int:
+    return int(value) if value is not None and value.isdigit() else 0
+
+
+def _joined(meta: PodMeta) -> dict[str, int] | None:
+    status = _annotation(meta, STATUS_ANNOTATION, TypeAdapter(WorkerStatus))
+    return dict(status.joined) if status is not None else None
+
+
+def _reports(meta: PodMeta) -> list[BrokenWorldReport]:
+    reports = list(_annotation(meta, REPORTS_ANNOTATION, _REPORT_LIST) or [])
+    latest = _annotation(meta, REPORT_ANNOTATION, TypeAdapter(BrokenWorldReport))
+    if latest is not None and latest not in reports:
+        reports.append(latest)
+    return reports
+
+
+def _annotation(meta: PodMeta, key: str, shape: TypeAdapter[Any]) -> Any:
+    """The annotation parsed as JSON of `shape`; None when absent or malformed (logged: a
+    worker or a person wrote something the operator cannot read, and nothing else breaks)."""
+    raw = meta.annotations.get(key)
+    if raw is None:
+        return None
+    try:
+        return shape.validate_json(raw)
+    except ValidationError as error:
+        log.warning("pod %s: ignoring annotation %s: %s", meta.name, key, error)
+        return None

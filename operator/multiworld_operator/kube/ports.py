@@ -1,0 +1,47 @@
+"""A rendezvous port for each world (pure).
+
+Rank 0 of a world hosts its store on `<rank0 pod>.<mw>:<port>`. Ports must differ between
+worlds whose rank 0 is the same pod, and a world should keep its port across spec edits and
+epochs. So a world keeps the port the previous world table gave it while that stays free on its
+rank-0 pod; a world without one takes the first free port from a spot derived from its name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+
+from multiworld.contract import WorldTable
+
+from ..spec import MultiWorld
+
+# Below the Linux ephemeral range (32768+), so an outgoing connection never holds one.
+PORT_BASE = 20000
+PORT_SPAN = 10000
+
+
+def preferred_port(world: str) -> int:
+    digest = hashlib.sha256(world.encode()).digest()
+    return PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
+
+
+def world_ports(multiworld: MultiWorld, previous: WorldTable | None) -> dict[str, int]:
+    """World name -> port, collision-free among worlds sharing a rank-0 pod."""
+    kept = {entry.name: entry.port for entry in previous.worlds} if previous else {}
+    rank0 = {w.name: multiworld.world_pods(w.name)[0] for w in multiworld.spec.worlds}
+    taken: dict[str, set[int]] = defaultdict(set)
+    ports: dict[str, int] = {}
+    for world, pod in rank0.items():
+        port = kept.get(world)
+        if port is not None and port not in taken[pod]:
+            ports[world] = port
+            taken[pod].add(port)
+    for world, pod in rank0.items():
+        if world in ports:
+            continue
+        offset = preferred_port(world) - PORT_BASE
+        while PORT_BASE + offset in taken[pod]:
+            offset = (offset + 1) % PORT_SPAN
+        ports[world] = PORT_BASE + offset
+        taken[pod].add(ports[world])
+    return ports

@@ -1,0 +1,176 @@
+"""One MultiWorld's reconcile step: observe, plan, execute, store the status.
+
+Level-based and idempotent: every step lists the pods afresh and plans from the stored status,
+so a step repeated, interrupted or run by a freshly restarted operator converges to the same
+pods. Execution follows the planner's order, with the status standing for the world table:
+deletes, then the status (every worker follows `status.table`), then creates, then Events.
+Writing the status before the creates means a crash in between leaves the new epoch and pod
+stamps stored, and the next step only creates what is still missing.
+
+API writes for one world failure: that world's pods (deletes and creates), one status patch,
+its Events; nothing scales with the number of other worlds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from ..planner import MultiWorldStatus, Observation, Plan, plan
+from ..spec import MultiWorld, SpecError, parse_manifest
+from .api import KubeApi
+from .bodies import pod_body, rendezvous_host, selector, service_body
+from .observe import ObservedPods, observe_pods
+from .ports import world_ports
+from .refusal import INVALID_SPEC, refusal_patch
+
+log = logging.getLogger(__name__)
+
+
+class MultiWorldGone(Exception):
+    """The MultiWorld was deleted while a step ran."""
+
+
+class Reconciler:
+    """Reconciles one MultiWorld. `body` is its latest manifest as watched; the status this
+    reconciler stored is remembered, since a watched body may lag behind our own writes."""
+
+    def __init__(self, api: KubeApi, body: Mapping[str, Any]) -> None:
+        self.api = api
+        self.body: dict[str, Any] = dict(body)
+        self.stored: dict[str, Any] | None = body.get("status")
+        self.service_known = False
+        # Create failures already posted as Events, so a retried step does not repeat them.
+        self._reported_errors: set[str] = set()
+
+    @property
+    def namespace(self) -> str:
+        return str(self.body["metadata"]["namespace"])
+
+    @property
+    def name(self) -> str:
+        return str(self.body["metadata"]["name"])
+
+    @property
+    def uid(self) -> str:
+        return str(self.body["metadata"]["uid"])
+
+    def update(self, body: Mapping[str, Any]) -> None:
+        """A newer manifest; a new uid is a new MultiWorld of the same name: start afresh."""
+        if body["metadata"]["uid"] != self.uid:
+            self.stored, self.service_known = body.get("status"), False
+            self._reported_errors.clear()
+        self.body = dict(body)
+
+    @property
+    def deleting(self) -> bool:
+        return self.body["metadata"].get("deletionTimestamp") is not None
+
+    async def step(self) -> float | None:
+        """Reconcile once; returns seconds until the planner wants another look, if it does."""
+        if self.deleting:
+            return None
+        body = self.body
+        try:
+            multiworld = parse_manifest(body)
+        except SpecError as error:
+            await self._refuse(body, error.problems)
+            return None
+        items = await self.api.list_pods(self.namespace, selector(self.name))
+        seen = observe_pods(items, self.uid)
+        result = self._plan(multiworld, seen)
+        await self._ensure_service(body)
+        for delete in result.deletes:
+            uid = seen.present.get(delete.pod)
+            if uid is not None and delete.pod not in seen.terminating:
+                log.info("%s/%s: deleting pod %s (%s)", self.namespace, self.name, delete.pod, delete.reason)
+                await self.api.delete_pod(self.namespace, delete.pod, uid)
+        await self._store(result.status)
+        failures = []
+        for create in result.creates:
+            if create.pod in seen.present:
+                continue  # still terminating (or an older MultiWorld's): created once it is gone
+            try:
+                await self.api.create_pod(self.namespace, pod_body(create, body))
+            except ApiException as error:
+                if error.status is not None and error.status >= 500:
+                    raise
+                failures.append(f"pod {create.pod}: {api_message(error)}")
+        for event in result.events:
+            await self._event(event.type, event.reason, event.message)
+        if failures:
+            await self._report_create_failures(failures)
+        return result.requeue_after
+
+    def _plan(self, multiworld: MultiWorld, seen: ObservedPods) -> Plan:
+        previous = MultiWorldStatus.from_dict(self.stored)
+        ports = world_ports(multiworld, previous.table if previous else None)
+        return plan(
+            multiworld,
+            previous,
+            Observation(now=datetime.now(timezone.utc), pods=seen.pods, reports=seen.reports),
+            endpoint=lambda world, rank0: (rendezvous_host(self.name, rank0), ports[world]),
+        )
+
+    async def _ensure_service(self, body: Mapping[str, Any]) -> None:
+        if not self.service_known:
+            await self.api.create_service(self.namespace, service_body(body))
+            self.service_known = True
+
+    async def _store(self, status: MultiWorldStatus) -> None:
+        desired = status.to_dict()
+        if desired == self.stored:
+            return
+        await self._patch_status(status.merge_patch(self.stored), desired)
+
+    async def _patch_status(self, patch: dict[str, Any], desired: dict[str, Any]) -> None:
+        try:
+            await self.api.patch_status(self.namespace, self.name, patch)
+        except ApiException as error:
+            if error.status == 404:
+                raise MultiWorldGone(f"{self.namespace}/{self.name}") from error
+            raise
+        self.stored = desired
+
+    async def _refuse(self, body: Mapping[str, Any], problems: list[str]) -> None:
+        generation = body["metadata"].get("generation")
+        patch = refusal_patch(self.stored, generation, problems, datetime.now(timezone.utc))
+        if patch is None:
+            return
+        log.warning("%s/%s: %s", self.namespace, self.name, "; ".join(problems))
+        await self._patch_status(patch, {**(self.stored or {}), **patch})
+        await self._event("Warning", INVALID_SPEC, patch["conditions"][-1]["message"])
+
+    async def _report_create_failures(self, failures: list[str]) -> None:
+        """Pods the API refused (a template Kubernetes rejects, a quota, RBAC): an Event once
+        per distinct refusal, then the loop retries with a backoff."""
+        new = [f for f in failures if f not in self._reported_errors]
+        for failure in new:
+            await self._event("Warning", "CreatePodFailed", failure)
+            self._reported_errors.add(failure)
+        raise PodsRefused("; ".join(failures))
+
+    async def _event(self, type_: str, reason: str, message: str) -> None:
+        """Events are best effort: a lost one must not stop the reconcile."""
+        try:
+            await self.api.post_event(self.body, type_, reason, message)
+        except ApiException as error:
+            log.warning("%s/%s: event %s not posted: %s", self.namespace, self.name, reason, api_message(error))
+
+
+class PodsRefused(Exception):
+    """The API refused some pod creates; the step is retried after a backoff."""
+
+
+def api_message(error: ApiException) -> str:
+    """The API's own explanation (its Status message), else the HTTP reason."""
+    try:
+        message = json.loads(error.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        message = error.reason
+    return f"{error.status} {message}"

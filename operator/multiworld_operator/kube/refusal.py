@@ -1,0 +1,42 @@
+"""The status of a MultiWorld whose spec is invalid (pure).
+
+The CRD schema refuses wrong types; cross-field problems (an undeclared member, a world of one
+rank, a pod name too long, ...) only the controller sees. Such a spec creates nothing: a
+MultiWorld that never had a valid spec is Failed; one that had keeps its pods and status as
+they were. Either way the condition `SpecValid` says what is wrong, naming each field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from ..planner import Condition, MultiWorldStatus
+
+SPEC_VALID = "SpecValid"
+INVALID_SPEC = "InvalidSpec"
+
+
+def refusal_patch(stored: Mapping[str, Any] | None, generation: int | None, problems: list[str],
+                  now: datetime) -> dict[str, Any] | None:
+    """The status fields to set for an invalid spec (a merge patch that only sets), or None
+    when `stored` already says so for this generation."""
+    message = "invalid spec: " + "; ".join(problems)
+    stored = stored or {}
+    old = next((c for c in stored.get("conditions") or [] if c.get("type") == SPEC_VALID), None)
+    if old is not None and old.get("message") == message and stored.get("observedGeneration") == generation:
+        return None
+    refusal = Condition(type=SPEC_VALID, status="False", reason=INVALID_SPEC, message=message,
+                        last_transition_time=now)
+    previous = MultiWorldStatus.from_dict(stored)
+    if previous is None:
+        ready = refusal.model_copy(update={"type": "Ready"})
+        return {"phase": "Failed", "observedGeneration": generation, "worldsReady": "0/0", "restarts": 0,
+                "conditions": [_dump(ready), _dump(refusal)]}
+    kept = [_dump(c) for c in previous.conditions if c.type != SPEC_VALID]
+    return {"observedGeneration": generation, "conditions": [*kept, _dump(refusal)]}
+
+
+def _dump(condition: Condition) -> dict[str, Any]:
+    return condition.model_dump(mode="json", by_alias=True)

@@ -1,0 +1,281 @@
+"""What the operator tests share: the chart's RBAC installed for real, the operator under
+KopfRunner as the chart's ServiceAccount, a stand-in kubelet, MultiWorld manifests and reads.
+
+There is no kubelet in the test cluster, so `Kubelet` does its part through the API: it marks
+new pods Running (patching their status, as a kubelet would) and fails them on request.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import helm_python as helm
+import multiworld_test_cluster as cluster_module  # registered by conftest.py
+import pytest
+from kopf.testing import KopfRunner
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from kubernetes.config import kube_config
+from multiworld_test_cluster import Cluster
+
+from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, NAME_LABEL
+
+T = TypeVar("T")
+
+CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "multiworld-operator"
+WORKER_SA = "multiworld-worker"
+GROUP, VERSION, PLURAL = "multiworld.io", "v1alpha1", "multiworlds"
+MERGE_PATCH = "application/merge-patch+json"
+HELM_TIMEOUT_S = 120
+# Generous: two CPU cores are shared with other work; nothing here asserts a speed.
+WAIT_S = 90.0
+KUBELET_TICK_S = 0.2
+
+
+@dataclass(frozen=True)
+class Release:
+    """A helm release of the chart; the operator's ServiceAccount token in a kubeconfig."""
+
+    namespace: str
+    fullname: str
+    operator_kubeconfig: Path
+
+
+def install_release(cluster: Cluster, namespace: str, values: dict[str, Any]) -> Release:
+    release = f"mw-{uuid.uuid4().hex[:6]}"
+    fullname = f"{release}-multiworld-operator"
+    with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=namespace) as config:
+        installed = config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
+    assert installed["status"] == "deployed", installed
+    return Release(namespace, fullname, cluster.serviceaccount_kubeconfig(namespace, fullname))
+
+
+@pytest.fixture(scope="session")
+def cluster_release(kube_cluster: Cluster) -> Release:
+    """The chart installed once, watching every namespace (its ClusterRole)."""
+    namespace = f"mw-system-{uuid.uuid4().hex[:6]}"
+    with kube_cluster.api_client() as api:
+        client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    return install_release(kube_cluster, namespace, {})
+
+
+@pytest.fixture
+def admin(kube_cluster: Cluster) -> Iterator[client.ApiClient]:
+    with kube_cluster.api_client() as api:
+        yield api
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
+    return cluster_module.wait_for(what, probe, timeout)
+
+
+@contextmanager
+def running_operator(kubeconfig: Path, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[KopfRunner]:
+    """The operator (kopf, standalone) serving `namespace` with the credentials in `kubeconfig`
+    only. The kubernetes client reads $KUBECONFIG once, at import, so its default is pointed
+    there too. On exit: no request of the operator was forbidden (the chart grants enough)."""
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    args = ["run", "--standalone", "--namespace", namespace, "-m", "multiworld_operator.kube.handlers"]
+    with KopfRunner(args, timeout=60) as runner:
+        yield runner
+    assert runner.exit_code == 0, runner.output
+    assert "forbidden" not in runner.output.lower(), runner.output
+
+
+class Kubelet:
+    """Plays the kubelet for one namespace through the pods' status: pods appear Pending and
+    are marked Running (unless `hold` is set); `fail(pod)` marks one Failed."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.hold = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"kubelet {namespace}", daemon=True)
+
+    def __enter__(self) -> Kubelet:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(KUBELET_TICK_S):
+            if self.hold.is_set():
+                continue
+            for pod in self.core.list_namespaced_pod(self.namespace).items:
+                if pod.status.phase == "Pending" and pod.metadata.deletion_timestamp is None:
+                    self.set_phase(pod.metadata.name, "Running")
+
+    def set_phase(self, pod: str, phase: str) -> None:
+        try:
+            self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": {"phase": phase}},
+                                                  _content_type=MERGE_PATCH)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def fail(self, pod: str) -> None:
+        self.set_phase(pod, "Failed")
+
+
+# -- manifests -------------------------------------------------------------------------------
+
+
+def manifest(name: str, members: dict[str, int], worlds: dict[str, list[str]],
+             policy: dict[str, Any] | None = None, template: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A MultiWorld: members by replicas, worlds by ranks, one failure policy for every world."""
+    world_specs = []
+    for world, ranks in worlds.items():
+        spec: dict[str, Any] = {"name": world, "ranks": ranks}
+        if policy is not None:
+            spec["failurePolicy"] = policy
+        world_specs.append(spec)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "MultiWorld",
+        "metadata": {"name": name},
+        "spec": {
+            "template": template or {"spec": {"containers": [{"name": "worker", "image": "multiworld/worker:test"}]}},
+            "members": [{"name": m, "replicas": r} for m, r in members.items()],
+            "worlds": world_specs,
+        },
+    }
+
+
+# The seed topology: a leader shared by two worlds, each with two exclusive workers.
+def two_worlds(name: str = "mw", policy: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+    return manifest(name, {"leader": 1, "a": 2, "b": 2}, {"wa": ["leader", "a"], "wb": ["leader", "b"]},
+                    policy, **kwargs)
+
+
+# -- reads -----------------------------------------------------------------------------------
+
+
+class KubeNamespace:
+    """Reads and writes of one namespace as the admin."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+
+    def get(self, name: str = "mw") -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec},
+                                                   _content_type=MERGE_PATCH)
+
+    def delete(self, name: str = "mw") -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def status(self, name: str = "mw") -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def pods(self, name: str = "mw") -> dict[str, client.V1Pod]:
+        listing = self.core.list_namespaced_pod(self.namespace, label_selector=f"{NAME_LABEL}={name}")
+        return {p.metadata.name: p for p in listing.items if p.metadata.deletion_timestamp is None}
+
+    def uids(self, name: str = "mw") -> dict[str, str]:
+        return {n: p.metadata.uid for n, p in self.pods(name).items()}
+
+    def events(self, name: str = "mw") -> list[client.CoreV1Event]:
+        return self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
+
+    def event_reasons(self, name: str = "mw") -> list[str]:
+        return [e.reason for e in self.events(name)]
+
+    def annotate(self, pod: str, annotations: dict[str, str]) -> None:
+        self.core.patch_namespaced_pod(pod, self.namespace, {"metadata": {"annotations": annotations}},
+                                       _content_type=MERGE_PATCH)
+
+    # -- waits -------------------------------------------------------------------------------
+
+    def wait_running(self, name: str = "mw", *, epochs: dict[str, int] | None = None) -> dict[str, Any]:
+        """Until the MultiWorld is Running with every world whole (at `epochs`, when given)."""
+
+        def running() -> dict[str, Any] | None:
+            status = self.status(name)
+            worlds = status.get("worlds") or {}
+            if status.get("phase") != "Running":
+                return None
+            if epochs is not None and {w: s["epoch"] for w, s in worlds.items()} != epochs:
+                return None
+            return status
+
+        return wait_for(f"MultiWorld {self.namespace}/{name} Running at epochs {epochs}", running)
+
+    def wait_world(self, world: str, predicate: Callable[[dict[str, Any]], bool], what: str,
+                   name: str = "mw") -> dict[str, Any]:
+        def probe() -> dict[str, Any] | None:
+            status = self.status(name)
+            state = (status.get("worlds") or {}).get(world)
+            return status if state is not None and predicate(state) else None
+
+        return wait_for(f"world {world} of {self.namespace}/{name}: {what}", probe)
+
+    def wait_pods(self, names: set[str], name: str = "mw") -> dict[str, client.V1Pod]:
+        def exactly() -> dict[str, client.V1Pod] | None:
+            pods = self.pods(name)
+            return pods if set(pods) == names else None
+
+        # An empty set is falsy, so waiting for no pod at all waits for a True instead.
+        if not names:
+            wait_for("no pod left", lambda: not self.pods(name))
+            return {}
+        return wait_for(f"exactly pods {sorted(names)}", exactly)
+
+
+@pytest.fixture
+def kube(admin: client.ApiClient, namespace: str) -> KubeNamespace:
+    return KubeNamespace(admin, namespace)
+
+
+@pytest.fixture
+def kubelet(admin: client.ApiClient, namespace: str) -> Iterator[Kubelet]:
+    with Kubelet(admin, namespace) as running:
+        yield running
+
+
+@pytest.fixture
+def operator(cluster_release: Release, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[KopfRunner]:
+    """The operator serving the test's namespace as the chart's ServiceAccount."""
+    with running_operator(cluster_release.operator_kubeconfig, namespace, monkeypatch) as runner:
+        yield runner
+
+
+def created_for(pod: client.V1Pod) -> dict[str, int]:
+    return json.loads(pod.metadata.annotations[CREATED_FOR_ANNOTATION])
+
+
+def env_of(pod: client.V1Pod) -> dict[str, str]:
+    (container,) = pod.spec.containers
+    return {e.name: e.value for e in container.env or []}
+
+
+def printer_columns(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    """What `kubectl get mw NAME` prints: the API server's Table rendering of the CRD's
+    additionalPrinterColumns, as {column name: cell}."""
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    request = api.param_serialize("GET", path, header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+                                  auth_settings=["BearerToken"])
+    response = api.call_api(*request)
+    response.read()
+    table = json.loads(response.data)
+    (row,) = table["rows"]
+    return {column["name"]: cell for column, cell in zip(table["columnDefinitions"], row["cells"])}

@@ -1,0 +1,125 @@
+"""The operator turns a MultiWorld into its pods and headless Service, reports status (with the
+printer columns `kubectl get mw` shows) and Events, and deleting the MultiWorld deletes all of
+it. The operator runs as the chart's ServiceAccount in every test (operator_support)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from operator_support import (  # noqa: F401  (fixtures)
+    Kubelet,
+    KubeNamespace,
+    admin,
+    cluster_release,
+    created_for,
+    env_of,
+    kube,
+    kubelet,
+    operator,
+    printer_columns,
+    two_worlds,
+    wait_for,
+)
+
+pytestmark = pytest.mark.kube
+
+PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
+
+
+def gpu_template() -> dict:
+    """A user template with its own labels, annotations, env (one clashing with the contract)
+    and a GPU request, all of which the pods must keep."""
+    return {
+        "metadata": {"labels": {"team": "vision"}, "annotations": {"note": "kept"}},
+        "spec": {
+            "containers": [{
+                "name": "worker",
+                "image": "multiworld/worker:test",
+                "env": [{"name": "USER_SETTING", "value": "1"}, {"name": "MULTIWORLD_POD", "value": "wrong"}],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            }],
+        },
+    }
+
+
+def test_pods_service_env_and_owner(kube: KubeNamespace, kubelet: Kubelet, operator: object, namespace: str) -> None:
+    kube.create(two_worlds(template=gpu_template()))
+    pods = kube.wait_pods(PODS)
+    mw = kube.get()
+    owner = (mw["metadata"]["uid"], "MultiWorld", "mw")
+
+    for name, pod in pods.items():
+        member, ordinal = name.removeprefix("mw-").rsplit("-", 1)
+        assert pod.metadata.labels == {"team": "vision", "multiworld.io/name": "mw",
+                                       "multiworld.io/member": member, "multiworld.io/ordinal": ordinal}
+        assert pod.metadata.annotations["note"] == "kept"
+        [ref] = pod.metadata.owner_references
+        assert (ref.uid, ref.kind, ref.name, ref.controller) == (*owner, True)
+        assert (pod.spec.hostname, pod.spec.subdomain, pod.spec.restart_policy) == (name, "mw", "Never")
+        assert pod.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
+        env = env_of(pod)
+        assert env["USER_SETTING"] == "1"
+        assert (env["MULTIWORLD_POD"], env["MULTIWORLD_NAME"], env["MULTIWORLD_NAMESPACE"]) == (name, "mw", namespace)
+        assert env["MULTIWORLD_TABLE"] == f"kubernetes://{namespace}/mw"
+
+    leader = {w["name"]: w for w in json.loads(env_of(pods["mw-leader-0"])["MULTIWORLD_WORLDS"])}
+    assert set(leader) == {"wa", "wb"}
+    for world in leader.values():
+        assert (world["rank"], world["size"], world["epoch"]) == (0, 3, 1)
+        assert world["host"] == "mw-leader-0.mw"
+        assert world["backend"] == "nccl"  # every rank requests a GPU
+    assert leader["wa"]["port"] != leader["wb"]["port"]  # one rank-0 pod hosts both stores
+    [worker_world] = json.loads(env_of(pods["mw-b-1"])["MULTIWORLD_WORLDS"])
+    assert (worker_world["name"], worker_world["rank"], worker_world["port"]) == ("wb", 2, leader["wb"]["port"])
+    assert created_for(pods["mw-leader-0"]) == {"wa": 1, "wb": 1}
+    assert created_for(pods["mw-a-1"]) == {"wa": 1}
+
+    service = kube.core.read_namespaced_service("mw", namespace)
+    assert service.spec.cluster_ip == "None"
+    assert service.spec.publish_not_ready_addresses is True
+    assert service.spec.selector == {"multiworld.io/name": "mw"}
+    assert service.metadata.owner_references[0].uid == owner[0]
+
+
+def test_status_printer_columns_and_events(kube: KubeNamespace, kubelet: Kubelet, operator: object,
+                                           admin: client.ApiClient, namespace: str) -> None:
+    kube.create(two_worlds())
+    status = kube.wait_running(epochs={"wa": 1, "wb": 1})
+
+    assert status["worldsReady"] == "2/2"
+    assert status["restarts"] == 0
+    assert status["observedGeneration"] == 1
+    for world in ("wa", "wb"):
+        assert {k: status["worlds"][world][k] for k in ("phase", "size", "readyRanks", "restarts")} == \
+            {"phase": "Running", "size": 3, "readyRanks": 3, "restarts": 0}
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions == {"Ready": "True", "Degraded": "False"}
+    table = {w["name"]: w for w in status["table"]["worlds"]}
+    assert table["wa"]["pods"] == ["mw-leader-0", "mw-a-0", "mw-a-1"]
+    assert table["wb"]["host"] == "mw-leader-0.mw"
+
+    columns = printer_columns(admin, namespace, "mw")
+    assert (columns["Phase"], columns["Worlds"], columns["Restarts"]) == ("Running", "2/2", 0)
+    assert wait_for("a WorldReady event per world", lambda: kube.event_reasons().count("WorldReady") == 2)
+
+    # kopf keeps no state on the MultiWorld, so deleting it never waits for the operator.
+    meta = kube.get()["metadata"]
+    assert not meta.get("finalizers")
+    assert not [k for k in meta.get("annotations") or {} if "kopf" in k]
+
+
+def test_deleting_the_multiworld_deletes_everything(kube: KubeNamespace, kubelet: Kubelet, operator: object,
+                                                    namespace: str) -> None:
+    kube.create(two_worlds())
+    kube.wait_pods(PODS)
+    wait_for("the Service", lambda: kube.core.list_namespaced_service(namespace).items)
+
+    kube.delete()
+    kube.wait_pods(set())
+    wait_for("the Service to be collected", lambda: not kube.core.list_namespaced_service(namespace).items)
+    with pytest.raises(ApiException) as gone:
+        kube.get()
+    assert gone.value.status == 404

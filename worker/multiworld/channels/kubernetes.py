@@ -1,0 +1,301 @@
+"""The Kubernetes channel (MULTIWORLD_TABLE=kubernetes://NAMESPACE/NAME).
+
+- Table: the MultiWorld's `status.table`, watched (read-only: get, list, watch multiworlds);
+  `on_table` gets every new revision, from a background thread.
+- Reports and status: annotations on the worker's own Pod (patch pods), which the operator
+  reads: `multiworld.io/broken-world` (the latest BrokenWorldReport), `multiworld.io/broken-worlds`
+  (the latest report per world, so reports at once never hide one another) and
+  `multiworld.io/worker-status` (the WorkerStatus). Each report is also an Event on the Pod.
+
+Credentials: the pod's ServiceAccount (in-cluster), else $KUBECONFIG or ~/.kube/config.
+Imported only for kubernetes:// tables, so `import multiworld` never imports kubernetes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from kubernetes.config.config_exception import ConfigException
+from pydantic import ValidationError
+
+from multiworld.contract import (
+    REPORT_ANNOTATION,
+    REPORTS_ANNOTATION,
+    STATUS_ANNOTATION,
+    BrokenWorldReport,
+    WorkerStatus,
+    WorldTable,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEME = "kubernetes://"
+GROUP, VERSION, PLURAL = "multiworld.io", "v1alpha1", "multiworlds"
+REQUEST_TIMEOUT_S = 30.0
+# The server ends each watch after this long; the client gives up on a silent one a bit later.
+WATCH_TIMEOUT_S = 240
+WATCH_READ_TIMEOUT_S = WATCH_TIMEOUT_S + 30.0
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 30.0
+MERGE_PATCH = "application/merge-patch+json"
+# Kubernetes caps an Event's message at 1 KiB.
+EVENT_MESSAGE_MAX = 1024
+
+
+def api_client() -> client.ApiClient:
+    """In-cluster credentials (the pod's ServiceAccount), else $KUBECONFIG or ~/.kube/config."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except ConfigException:
+        return config.new_client_from_config()
+    return client.ApiClient(configuration)
+
+
+def parse_table_url(url: str) -> tuple[str, str]:
+    """'kubernetes://NAMESPACE/NAME' -> (namespace, name)."""
+    namespace, _, name = url.removeprefix(SCHEME).partition("/")
+    if not url.startswith(SCHEME) or not namespace or not name or "/" in name:
+        raise ValueError(f"MULTIWORLD_TABLE: {url!r} is not {SCHEME}NAMESPACE/NAME")
+    return namespace, name
+
+
+class _Backoff:
+    def __init__(self) -> None:
+        self.delay = RETRY_FIRST_S
+
+    def next(self) -> float:
+        delay, self.delay = self.delay, min(RETRY_MAX_S, self.delay * 2)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = RETRY_FIRST_S
+
+
+class KubernetesChannel:
+    """The worker side of the Kubernetes platform for pod `pod` of MultiWorld `url`."""
+
+    def __init__(self, url: str, pod: str, api: client.ApiClient | None = None) -> None:
+        self.namespace, self.name = parse_table_url(url)
+        self.pod = pod
+        api = api or api_client()
+        api.user_agent = "multiworld-worker"
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._wake_writer = threading.Condition(self._lock)
+        self._reports: dict[str, BrokenWorldReport] = {}
+        self._unsent_reports: list[BrokenWorldReport] = []
+        self._unsent_status: WorkerStatus | None = None
+        self._response: urllib3.BaseHTTPResponse | None = None
+        self._pod_uid: str | None = None
+        self._threads: list[threading.Thread] = []
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def start(self, on_table: Callable[[WorldTable], None]) -> None:
+        """Follow the table (every new revision goes to `on_table`) and start sending."""
+        for target, role in ((lambda: self._watch(on_table), "table"), (self._write, "reports")):
+            thread = threading.Thread(target=target, name=f"multiworld-k8s-{role}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def report(self, report: BrokenWorldReport) -> None:
+        """Queue a report for this pod's annotations (and an Event); never blocks."""
+        with self._lock:
+            self._reports[report.world] = report
+            self._unsent_reports.append(report)
+            self._wake_writer.notify()
+
+    def status(self, status: WorkerStatus) -> None:
+        """Queue this pod's WorkerStatus; only the latest unsent one is written."""
+        with self._lock:
+            self._unsent_status = status
+            self._wake_writer.notify()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop watching; what is queued gets one last attempt within `timeout`."""
+        self._closed.set()
+        with self._lock:
+            response = self._response
+            self._wake_writer.notify()
+        if response is not None:
+            response.shutdown()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    # -- the table ---------------------------------------------------------------------------
+
+    def _watch(self, on_table: Callable[[WorldTable], None]) -> None:
+        follower = _TableFollower(on_table)
+        backoff = _Backoff()
+        while not self._closed.is_set():
+            try:
+                current = self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, PLURAL, self.name, _request_timeout=REQUEST_TIMEOUT_S)
+                follower.offer(current)
+                self._follow(follower, current["metadata"]["resourceVersion"], backoff)
+            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
+                if self._closed.is_set():
+                    return
+                delay = backoff.next()
+                log.warning("watching MultiWorld %s/%s failed (%s); again in %gs",
+                            self.namespace, self.name, _describe(error), delay)
+                self._closed.wait(delay)
+
+    def _follow(self, follower: _TableFollower, resource_version: str, backoff: _Backoff) -> None:
+        """Watch from `resource_version` until the server ends the watch or the version is too
+        old (then the caller reads the object afresh)."""
+        while not self._closed.is_set():
+            response = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, field_selector=f"metadata.name={self.name}",
+                watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_TIMEOUT_S, _preload_content=False,
+                _request_timeout=(REQUEST_TIMEOUT_S, WATCH_READ_TIMEOUT_S))
+            with self._lock:
+                self._response = response
+            if self._closed.is_set():
+                return
+            try:
+                for line in _lines(response):
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        return  # typically 410 Gone: read the object afresh
+                    obj = event.get("object") or {}
+                    resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        follower.offer(obj)
+                    backoff.reset()
+            finally:
+                with self._lock:
+                    self._response = None
+                response.release_conn()
+
+    # -- reports and status ------------------------------------------------------------------
+
+    def _write(self) -> None:
+        backoff = _Backoff()
+        while True:
+            with self._lock:
+                while not (self._unsent_reports or self._unsent_status or self._closed.is_set()):
+                    self._wake_writer.wait()
+                reports, self._unsent_reports = self._unsent_reports, []
+                status, self._unsent_status = self._unsent_status, None
+                annotations = self._annotations(bool(reports), status)
+            if not annotations:
+                return  # closed, nothing left to send
+            try:
+                self._send(annotations, reports)
+                backoff.reset()
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+                if self._requeue(error, reports, status):
+                    delay = backoff.next()
+                    log.warning("pod %s: sending to the operator failed (%s); again in %gs",
+                                self.pod, _describe(error), delay)
+                    if self._closed.wait(delay):
+                        return
+
+    def _annotations(self, reports: bool, status: WorkerStatus | None) -> dict[str, str]:
+        annotations = {}
+        if reports:
+            latest = max(self._reports.values(), key=lambda r: r.time)
+            annotations[REPORT_ANNOTATION] = latest.model_dump_json()
+            every = [r.model_dump(mode="json") for r in self._reports.values()]
+            annotations[REPORTS_ANNOTATION] = json.dumps(every, separators=(",", ":"))
+        if status is not None:
+            annotations[STATUS_ANNOTATION] = status.model_dump_json()
+        return annotations
+
+    def _send(self, annotations: dict[str, str], reports: list[BrokenWorldReport]) -> None:
+        pod = self.core.patch_namespaced_pod(
+            self.pod, self.namespace, {"metadata": {"annotations": annotations}},
+            _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S)
+        self._pod_uid = pod.metadata.uid
+        for report in reports:
+            self._post_event(report)
+
+    def _requeue(self, error: BaseException, reports: list[BrokenWorldReport], status: WorkerStatus | None) -> bool:
+        """Put back what failed to go out, unless it never can (this pod is gone)."""
+        if isinstance(error, ApiException) and error.status == 404:
+            log.warning("pod %s is gone; dropping what it had to send", self.pod)
+            return False
+        with self._lock:
+            self._unsent_reports = reports + self._unsent_reports
+            if self._unsent_status is None:
+                self._unsent_status = status
+        return True
+
+    def _post_event(self, report: BrokenWorldReport) -> None:
+        """Best effort: the annotation is what the operator acts on."""
+        peer = "" if report.peer_rank is None else f" (peer rank {report.peer_rank})"
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body: dict[str, Any] = {
+            "metadata": {"generateName": f"{self.pod}.", "namespace": self.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": self.pod,
+                               "namespace": self.namespace, "uid": self._pod_uid},
+            "type": "Warning",
+            "reason": "WorldBroken",
+            "message": f"world {report.world} epoch {report.epoch} broken{peer}: {report.reason}"[:EVENT_MESSAGE_MAX],
+            "source": {"component": "multiworld-worker"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            log.warning("pod %s: event for world %s not posted (%s)", self.pod, report.world, _describe(error))
+
+
+class _TableFollower:
+    """Hands each new table revision to `on_table` once. A MultiWorld deleted and created
+    again (a new uid) starts its revisions afresh."""
+
+    def __init__(self, on_table: Callable[[WorldTable], None]) -> None:
+        self.on_table = on_table
+        self.uid: str | None = None
+        self.revision = -1
+
+    def offer(self, obj: dict[str, Any]) -> None:
+        raw = (obj.get("status") or {}).get("table")
+        if raw is None:
+            return
+        try:
+            table = WorldTable.model_validate(raw)
+        except ValidationError as error:
+            log.warning("ignoring an unreadable world table: %s", error)
+            return
+        uid = obj.get("metadata", {}).get("uid")
+        if uid != self.uid:
+            self.uid, self.revision = uid, -1
+        if table.revision <= self.revision:
+            return
+        self.revision = table.revision
+        try:
+            self.on_table(table)
+        except Exception:  # the caller's bug must not stop the table from flowing
+            log.exception("on_table failed for revision %d", table.revision)
+
+
+def _lines(response: urllib3.BaseHTTPResponse) -> Any:
+    """Newline-delimited JSON events of a watch response."""
+    buffer = b""
+    for chunk in response.stream(4096, decode_content=True):
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        yield from (line for line in complete if line.strip())
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ApiException):
+        return f"{error.status} {error.reason}"
+    return f"{type(error).__name__}: {error}"
