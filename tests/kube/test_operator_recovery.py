@@ -1,0 +1,123 @@
+"""World-scoped recovery: a failed, deleted or reported-broken world gets a new epoch and only
+the pods exclusive to it are replaced; the shared leader keeps running (same uid) and learns
+the new epoch from status.table; the other world is not touched. A shared pod's death fails
+every world it is in. An exhausted restart budget fails that world alone."""
+
+from __future__ import annotations
+
+import pytest
+from operator_support import (  # noqa: F401  (fixtures)
+    Kubelet,
+    KubeNamespace,
+    admin,
+    cluster_release,
+    created_for,
+    kube,
+    kubelet,
+    operator,
+    two_worlds,
+    wait_for,
+)
+
+from multiworld.contract import REPORT_ANNOTATION, BrokenWorldReport
+
+pytestmark = pytest.mark.kube
+
+PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
+A_PODS = {"mw-a-0", "mw-a-1"}
+B_PODS = {"mw-b-0", "mw-b-1"}
+
+
+def start(kube: KubeNamespace, **kwargs: object) -> dict[str, str]:
+    kube.create(two_worlds(**kwargs))
+    kube.wait_running(epochs={"wa": 1, "wb": 1})
+    return kube.uids()
+
+
+def replaced(kube: KubeNamespace, before: dict[str, str], pods: set[str]) -> dict[str, str]:
+    """Until every pod in `pods` is a new instance; returns the uids then."""
+    def renewed() -> dict[str, str] | None:
+        now = kube.uids()
+        return now if set(now) == PODS and all(now[p] != before[p] for p in pods) else None
+
+    return wait_for(f"new instances of {sorted(pods)}", renewed)
+
+
+def test_exclusive_pod_failure_restarts_its_world_only(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+    before = start(kube)
+
+    kubelet.fail("mw-a-0")
+    status = kube.wait_running(epochs={"wa": 2, "wb": 1})
+    after = kube.uids()
+
+    assert all(after[p] != before[p] for p in A_PODS)  # the world's exclusive pods are new
+    assert {p: after[p] for p in PODS - A_PODS} == {p: before[p] for p in PODS - A_PODS}
+    pods = kube.pods()
+    assert created_for(pods["mw-a-1"]) == {"wa": 2}
+    assert created_for(pods["mw-leader-0"]) == {"wa": 1, "wb": 1}  # the leader stayed; the table moved on
+    table = {w["name"]: w["epoch"] for w in status["table"]["worlds"]}
+    assert table == {"wa": 2, "wb": 1}
+    wa = status["worlds"]["wa"]
+    assert (wa["restarts"], status["worlds"]["wb"]["restarts"], status["restarts"]) == (1, 0, 1)
+    failure = wa["lastFailure"]
+    assert (failure["reason"], failure["pod"], failure["rank"], failure["epoch"]) == ("PodFailed", "mw-a-0", 1, 1)
+    assert wait_for("WorldFailed and WorldRecovered events",
+                    lambda: {"WorldFailed", "WorldRecovered"} <= set(kube.event_reasons()))
+    failed = [e for e in kube.events() if e.reason == "WorldFailed"]
+    assert len(failed) == 1 and failed[0].type == "Warning" and "world wa epoch 1" in failed[0].message
+
+
+def test_shared_pod_failure_restarts_every_world_it_is_in(kube: KubeNamespace, kubelet: Kubelet,
+                                                          operator: object) -> None:
+    before = start(kube)
+
+    kubelet.fail("mw-leader-0")
+    kube.wait_running(epochs={"wa": 2, "wb": 2})
+
+    after = replaced(kube, before, PODS)  # every world failed, so every pod is replaced
+    assert created_for(kube.pods()["mw-leader-0"]) == {"wa": 2, "wb": 2}
+    assert set(after) == PODS
+
+
+def test_deleted_pod_counts_as_failed(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+    before = start(kube)
+
+    kube.core.delete_namespaced_pod("mw-b-1", kube.namespace)
+    status = kube.wait_running(epochs={"wa": 1, "wb": 2})
+
+    after = replaced(kube, before, B_PODS)
+    assert {p: after[p] for p in PODS - B_PODS} == {p: before[p] for p in PODS - B_PODS}
+    failure = status["worlds"]["wb"]["lastFailure"]
+    assert (failure["reason"], failure["pod"], failure["rank"]) == ("PodDeleted", "mw-b-1", 2)
+
+
+def test_member_report_restarts_the_reported_world(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+    before = start(kube)
+
+    report = BrokenWorldReport(world="wa", epoch=1, reason="all_reduce timed out", peer_rank=2, pod="mw-leader-0")
+    kube.annotate("mw-leader-0", {REPORT_ANNOTATION: report.model_dump_json()})
+    status = kube.wait_running(epochs={"wa": 2, "wb": 1})
+
+    after = replaced(kube, before, A_PODS)
+    assert after["mw-leader-0"] == before["mw-leader-0"]
+    assert {p: after[p] for p in B_PODS} == {p: before[p] for p in B_PODS}
+    failure = status["worlds"]["wa"]["lastFailure"]
+    assert (failure["reason"], failure["pod"], failure["rank"], failure["epoch"]) == ("WorldBroken", "mw-a-1", 2, 1)
+    assert "all_reduce timed out (reported by mw-leader-0)" == failure["message"]
+
+
+def test_exhausted_world_fails_alone(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+    before = start(kube, policy={"maxRestarts": 1, "window": "1h"})
+
+    kubelet.fail("mw-a-0")
+    kube.wait_running(epochs={"wa": 2, "wb": 1})
+    kubelet.fail("mw-a-1")
+    status = kube.wait_world("wa", lambda w: w["phase"] == "Failed", "Failed")
+
+    assert status["phase"] == "Degraded"
+    assert status["worlds"]["wb"]["phase"] == "Running" and status["worlds"]["wb"]["epoch"] == 1
+    assert [w["name"] for w in status["table"]["worlds"]] == ["wb"]
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "False", "Degraded": "True"}
+    remaining = kube.wait_pods({"mw-leader-0", *B_PODS})  # a pod of a Failed world only is removed
+    assert {p: pod.metadata.uid for p, pod in remaining.items()} == {p: before[p] for p in remaining}
+    assert wait_for("a WorldExhausted event", lambda: "WorldExhausted" in kube.event_reasons())
