@@ -57,19 +57,17 @@ def install_release(cluster: Cluster, namespace: str, values: dict[str, Any]) ->
     return Release(namespace, fullname, cluster.serviceaccount_kubeconfig(namespace, fullname))
 
 
-@pytest.fixture(scope="session")
-def cluster_release(kube_cluster: Cluster) -> Release:
-    """The chart installed once, watching every namespace (its ClusterRole)."""
-    namespace = f"mw-system-{uuid.uuid4().hex[:6]}"
-    with kube_cluster.api_client() as api:
-        client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    return install_release(kube_cluster, namespace, {})
+_releases: dict[Path, Release] = {}
 
 
-@pytest.fixture
-def admin(kube_cluster: Cluster) -> Iterator[client.ApiClient]:
-    with kube_cluster.api_client() as api:
-        yield api
+def cluster_release(cluster: Cluster) -> Release:
+    """The chart installed once per test cluster, watching every namespace (its ClusterRole)."""
+    if cluster.directory not in _releases:
+        namespace = f"mw-system-{uuid.uuid4().hex[:6]}"
+        with cluster.api_client() as api:
+            client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+        _releases[cluster.directory] = install_release(cluster, namespace, {})
+    return _releases[cluster.directory]
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
@@ -241,22 +239,23 @@ class KubeNamespace:
         return wait_for(f"exactly pods {sorted(names)}", exactly)
 
 
-@pytest.fixture
-def kube(admin: client.ApiClient, namespace: str) -> KubeNamespace:
-    return KubeNamespace(admin, namespace)
+@dataclass
+class Scene:
+    """A test's namespace with the kubelet stand-in and the operator serving it."""
+
+    cluster: Cluster
+    kube: KubeNamespace
+    kubelet: Kubelet
+    runner: KopfRunner
 
 
 @pytest.fixture
-def kubelet(admin: client.ApiClient, namespace: str) -> Iterator[Kubelet]:
-    with Kubelet(admin, namespace) as running:
-        yield running
-
-
-@pytest.fixture
-def operator(cluster_release: Release, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[KopfRunner]:
-    """The operator serving the test's namespace as the chart's ServiceAccount."""
-    with running_operator(cluster_release.operator_kubeconfig, namespace, monkeypatch) as runner:
-        yield runner
+def scene(kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scene]:
+    """The operator runs as the chart's ServiceAccount (cluster-wide mode), serving `namespace`."""
+    release = cluster_release(kube_cluster)
+    with kube_cluster.api_client() as api, Kubelet(api, namespace) as kubelet, \
+            running_operator(release.operator_kubeconfig, namespace, monkeypatch) as runner:
+        yield Scene(kube_cluster, KubeNamespace(api, namespace), kubelet, runner)
 
 
 def created_for(pod: client.V1Pod) -> dict[str, int]:

@@ -9,20 +9,7 @@ import json
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from operator_support import (  # noqa: F401  (fixtures)
-    Kubelet,
-    KubeNamespace,
-    admin,
-    cluster_release,
-    created_for,
-    env_of,
-    kube,
-    kubelet,
-    operator,
-    printer_columns,
-    two_worlds,
-    wait_for,
-)
+from operator_support import Scene, created_for, env_of, printer_columns, scene, two_worlds, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.kube
 
@@ -45,7 +32,8 @@ def gpu_template() -> dict:
     }
 
 
-def test_pods_service_env_and_owner(kube: KubeNamespace, kubelet: Kubelet, operator: object, namespace: str) -> None:
+def test_pods_service_env_and_owner(scene: Scene) -> None:
+    kube = scene.kube
     kube.create(two_worlds(template=gpu_template()))
     pods = kube.wait_pods(PODS)
     mw = kube.get()
@@ -62,8 +50,8 @@ def test_pods_service_env_and_owner(kube: KubeNamespace, kubelet: Kubelet, opera
         assert pod.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
         env = env_of(pod)
         assert env["USER_SETTING"] == "1"
-        assert (env["MULTIWORLD_POD"], env["MULTIWORLD_NAME"], env["MULTIWORLD_NAMESPACE"]) == (name, "mw", namespace)
-        assert env["MULTIWORLD_TABLE"] == f"kubernetes://{namespace}/mw"
+        assert (env["MULTIWORLD_POD"], env["MULTIWORLD_NAME"], env["MULTIWORLD_NAMESPACE"]) == (name, "mw", kube.namespace)
+        assert env["MULTIWORLD_TABLE"] == f"kubernetes://{kube.namespace}/mw"
 
     leader = {w["name"]: w for w in json.loads(env_of(pods["mw-leader-0"])["MULTIWORLD_WORLDS"])}
     assert set(leader) == {"wa", "wb"}
@@ -77,15 +65,15 @@ def test_pods_service_env_and_owner(kube: KubeNamespace, kubelet: Kubelet, opera
     assert created_for(pods["mw-leader-0"]) == {"wa": 1, "wb": 1}
     assert created_for(pods["mw-a-1"]) == {"wa": 1}
 
-    service = kube.core.read_namespaced_service("mw", namespace)
+    service = kube.core.read_namespaced_service("mw", kube.namespace)
     assert service.spec.cluster_ip == "None"
     assert service.spec.publish_not_ready_addresses is True
     assert service.spec.selector == {"multiworld.io/name": "mw"}
     assert service.metadata.owner_references[0].uid == owner[0]
 
 
-def test_status_printer_columns_and_events(kube: KubeNamespace, kubelet: Kubelet, operator: object,
-                                           admin: client.ApiClient, namespace: str) -> None:
+def test_status_printer_columns_and_events(scene: Scene) -> None:
+    kube = scene.kube
     kube.create(two_worlds())
     status = kube.wait_running(epochs={"wa": 1, "wb": 1})
 
@@ -101,7 +89,7 @@ def test_status_printer_columns_and_events(kube: KubeNamespace, kubelet: Kubelet
     assert table["wa"]["pods"] == ["mw-leader-0", "mw-a-0", "mw-a-1"]
     assert table["wb"]["host"] == "mw-leader-0.mw"
 
-    columns = printer_columns(admin, namespace, "mw")
+    columns = printer_columns(kube.api, kube.namespace, "mw")
     assert (columns["Phase"], columns["Worlds"], columns["Restarts"]) == ("Running", "2/2", 0)
     assert wait_for("a WorldReady event per world", lambda: kube.event_reasons().count("WorldReady") == 2)
 
@@ -111,15 +99,15 @@ def test_status_printer_columns_and_events(kube: KubeNamespace, kubelet: Kubelet
     assert not [k for k in meta.get("annotations") or {} if "kopf" in k]
 
 
-def test_deleting_the_multiworld_deletes_everything(kube: KubeNamespace, kubelet: Kubelet, operator: object,
-                                                    namespace: str) -> None:
+def test_deleting_the_multiworld_deletes_everything(scene: Scene) -> None:
+    kube = scene.kube
     kube.create(two_worlds())
     kube.wait_pods(PODS)
-    wait_for("the Service", lambda: kube.core.list_namespaced_service(namespace).items)
+    wait_for("the Service", lambda: kube.core.list_namespaced_service(kube.namespace).items)
 
     kube.delete()
     kube.wait_pods(set())
-    wait_for("the Service to be collected", lambda: not kube.core.list_namespaced_service(namespace).items)
+    wait_for("the Service to be collected", lambda: not kube.core.list_namespaced_service(kube.namespace).items)
     with pytest.raises(ApiException) as gone:
         kube.get()
     assert gone.value.status == 404

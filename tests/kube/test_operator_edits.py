@@ -5,26 +5,16 @@ from __future__ import annotations
 
 import pytest
 from kubernetes.client.rest import ApiException
-from operator_support import (  # noqa: F401  (fixtures)
-    Kubelet,
-    KubeNamespace,
-    admin,
-    cluster_release,
-    created_for,
-    kube,
-    kubelet,
-    manifest,
-    operator,
-    two_worlds,
-    wait_for,
-)
+from multiworld_test_cluster import Cluster
+from operator_support import KubeNamespace, Scene, cluster_release, manifest, scene, two_worlds, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.kube
 
 PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
 
 
-def test_adding_a_world_leaves_running_pods_alone(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+def test_adding_a_world_leaves_running_pods_alone(scene: Scene) -> None:
+    kube = scene.kube
     kube.create(two_worlds())
     kube.wait_running(epochs={"wa": 1, "wb": 1})
     before = kube.uids()
@@ -47,7 +37,8 @@ def test_adding_a_world_leaves_running_pods_alone(kube: KubeNamespace, kubelet: 
     assert wait_for("a WorldAdded event", lambda: "WorldAdded" in kube.event_reasons())
 
 
-def test_removing_a_member_deletes_only_its_pods(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+def test_removing_a_member_deletes_only_its_pods(scene: Scene) -> None:
+    kube = scene.kube
     kube.create(two_worlds())
     kube.wait_running(epochs={"wa": 1, "wb": 1})
     before = kube.uids()
@@ -63,7 +54,8 @@ def test_removing_a_member_deletes_only_its_pods(kube: KubeNamespace, kubelet: K
     assert status["worldsReady"] == "1/1"
 
 
-def test_invalid_spec_creates_nothing_and_says_why(kube: KubeNamespace, operator: object, namespace: str) -> None:
+def test_invalid_spec_creates_nothing_and_says_why(scene: Scene) -> None:
+    kube = scene.kube
     bad = manifest("bad", {"leader": 1, "a": 1}, {"wa": ["leader", "ghost"]})
     kube.create(bad)
 
@@ -77,10 +69,11 @@ def test_invalid_spec_creates_nothing_and_says_why(kube: KubeNamespace, operator
                      lambda: [e for e in kube.events("bad") if e.reason == "InvalidSpec"])
     assert event[0].type == "Warning" and "ghost" in event[0].message
     assert kube.pods("bad") == {}
-    assert kube.core.list_namespaced_service(namespace).items == []
+    assert kube.core.list_namespaced_service(kube.namespace).items == []
 
 
-def test_invalid_edit_keeps_the_running_pods(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+def test_invalid_edit_keeps_the_running_pods(scene: Scene) -> None:
+    kube = scene.kube
     kube.create(two_worlds())
     kube.wait_running(epochs={"wa": 1, "wb": 1})
     before = kube.uids()
@@ -114,12 +107,13 @@ def test_invalid_edit_keeps_the_running_pods(kube: KubeNamespace, kubelet: Kubel
     ("replicas", 0, "spec.members.replicas"),
     ("name", "Not_A_Label", "spec.members.name"),
 ])
-def test_crd_schema_refuses_bad_values(kube: KubeNamespace, cluster_release: object, field: str, value: object,
+def test_crd_schema_refuses_bad_values(kube_cluster: Cluster, namespace: str, field: str, value: object,
                                        path: str) -> None:
     """No operator needed: the API server checks the CRD's schema (installed by the chart)."""
+    cluster_release(kube_cluster)
     body = two_worlds()
     body["spec"]["members"][0][field] = value
-    with pytest.raises(ApiException) as refused:
-        kube.create(body)
+    with kube_cluster.api_client() as api, pytest.raises(ApiException) as refused:
+        KubeNamespace(api, namespace).create(body)
     assert refused.value.status == 422
     assert f'"field":"{path}"' in refused.value.body  # 1.20 names list fields without an index

@@ -6,18 +6,7 @@ every world it is in. An exhausted restart budget fails that world alone."""
 from __future__ import annotations
 
 import pytest
-from operator_support import (  # noqa: F401  (fixtures)
-    Kubelet,
-    KubeNamespace,
-    admin,
-    cluster_release,
-    created_for,
-    kube,
-    kubelet,
-    operator,
-    two_worlds,
-    wait_for,
-)
+from operator_support import KubeNamespace, Scene, created_for, scene, two_worlds, wait_for  # noqa: F401
 
 from multiworld.contract import REPORT_ANNOTATION, BrokenWorldReport
 
@@ -43,7 +32,9 @@ def replaced(kube: KubeNamespace, before: dict[str, str], pods: set[str]) -> dic
     return wait_for(f"new instances of {sorted(pods)}", renewed)
 
 
-def test_exclusive_pod_failure_restarts_its_world_only(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+def test_exclusive_pod_failure_restarts_its_world_only(scene: Scene) -> None:
+    kube = scene.kube
+    kubelet = scene.kubelet
     before = start(kube)
 
     kubelet.fail("mw-a-0")
@@ -67,8 +58,9 @@ def test_exclusive_pod_failure_restarts_its_world_only(kube: KubeNamespace, kube
     assert len(failed) == 1 and failed[0].type == "Warning" and "world wa epoch 1" in failed[0].message
 
 
-def test_shared_pod_failure_restarts_every_world_it_is_in(kube: KubeNamespace, kubelet: Kubelet,
-                                                          operator: object) -> None:
+def test_shared_pod_failure_restarts_every_world_it_is_in(scene: Scene) -> None:
+    kube = scene.kube
+    kubelet = scene.kubelet
     before = start(kube)
 
     kubelet.fail("mw-leader-0")
@@ -79,7 +71,8 @@ def test_shared_pod_failure_restarts_every_world_it_is_in(kube: KubeNamespace, k
     assert set(after) == PODS
 
 
-def test_deleted_pod_counts_as_failed(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+def test_deleted_pod_counts_as_failed(scene: Scene) -> None:
+    kube = scene.kube
     before = start(kube)
 
     kube.core.delete_namespaced_pod("mw-b-1", kube.namespace)
@@ -91,7 +84,8 @@ def test_deleted_pod_counts_as_failed(kube: KubeNamespace, kubelet: Kubelet, ope
     assert (failure["reason"], failure["pod"], failure["rank"]) == ("PodDeleted", "mw-b-1", 2)
 
 
-def test_member_report_restarts_the_reported_world(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+def test_member_report_restarts_the_reported_world(scene: Scene) -> None:
+    kube = scene.kube
     before = start(kube)
 
     report = BrokenWorldReport(world="wa", epoch=1, reason="all_reduce timed out", peer_rank=2, pod="mw-leader-0")
@@ -106,7 +100,9 @@ def test_member_report_restarts_the_reported_world(kube: KubeNamespace, kubelet:
     assert "all_reduce timed out (reported by mw-leader-0)" == failure["message"]
 
 
-def test_exhausted_world_fails_alone(kube: KubeNamespace, kubelet: Kubelet, operator: object) -> None:
+def test_exhausted_world_fails_alone(scene: Scene) -> None:
+    kube = scene.kube
+    kubelet = scene.kubelet
     before = start(kube, policy={"maxRestarts": 1, "window": "1h"})
 
     kubelet.fail("mw-a-0")

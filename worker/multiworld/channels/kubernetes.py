@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -26,7 +25,9 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 from pydantic import ValidationError
 
+from multiworld.channels.base import TableCallback
 from multiworld.contract import (
+    ENV_TABLE,
     REPORT_ANNOTATION,
     REPORTS_ANNOTATION,
     STATUS_ANNOTATION,
@@ -64,7 +65,7 @@ def parse_table_url(url: str) -> tuple[str, str]:
     """'kubernetes://NAMESPACE/NAME' -> (namespace, name)."""
     namespace, _, name = url.removeprefix(SCHEME).partition("/")
     if not url.startswith(SCHEME) or not namespace or not name or "/" in name:
-        raise ValueError(f"MULTIWORLD_TABLE: {url!r} is not {SCHEME}NAMESPACE/NAME")
+        raise ValueError(f"{ENV_TABLE}={url!r}: expected {SCHEME}NAMESPACE/NAME")
     return namespace, name
 
 
@@ -102,7 +103,7 @@ class KubernetesChannel:
 
     # -- the protocol ------------------------------------------------------------------------
 
-    def start(self, on_table: Callable[[WorldTable], None]) -> None:
+    def start(self, on_table: TableCallback) -> None:
         """Follow the table (every new revision goes to `on_table`) and start sending."""
         for target, role in ((lambda: self._watch(on_table), "table"), (self._write, "reports")):
             thread = threading.Thread(target=target, name=f"multiworld-k8s-{role}", daemon=True)
@@ -135,7 +136,7 @@ class KubernetesChannel:
 
     # -- the table ---------------------------------------------------------------------------
 
-    def _watch(self, on_table: Callable[[WorldTable], None]) -> None:
+    def _watch(self, on_table: TableCallback) -> None:
         follower = _TableFollower(on_table)
         backoff = _Backoff()
         while not self._closed.is_set():
@@ -256,11 +257,16 @@ class KubernetesChannel:
             log.warning("pod %s: event for world %s not posted (%s)", self.pod, report.world, _describe(error))
 
 
+def from_url(url: str, pod: str) -> KubernetesChannel:
+    """The channel protocol's entry point (multiworld.channels.open_channel)."""
+    return KubernetesChannel(url, pod)
+
+
 class _TableFollower:
     """Hands each new table revision to `on_table` once. A MultiWorld deleted and created
     again (a new uid) starts its revisions afresh."""
 
-    def __init__(self, on_table: Callable[[WorldTable], None]) -> None:
+    def __init__(self, on_table: TableCallback) -> None:
         self.on_table = on_table
         self.uid: str | None = None
         self.revision = -1
