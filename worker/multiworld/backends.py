@@ -1,0 +1,210 @@
+"""Communicators built directly per world (no default process group), one driver per backend.
+
+A driver builds the world's ProcessGroup on the world's own store, says how a blocking op
+waits, and aborts communicators. gloo and NCCL share everything else (world.py, ops.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from torch._C._distributed_c10d import BarrierOptions, ProcessGroup, Store
+
+from multiworld.errors import UnsupportedOpError, WorldJoinError
+
+if TYPE_CHECKING:
+    from multiworld.world import World
+
+log = logging.getLogger(__name__)
+
+# NCCL settings that would let one world's error kill the whole process: the watchdog's
+# TearDown (1) and SkipCleanUp (3) modes, and the monitor thread that aborts a process whose
+# watchdog is stuck. Each world is aborted by this library instead.
+_NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+_NCCL_ERROR_HANDLING_LEGACY = "NCCL_ASYNC_ERROR_HANDLING"
+_NCCL_SAFE_ERROR_HANDLING = ("0", "2")
+_NCCL_MONITORING = "TORCH_NCCL_ENABLE_MONITORING"
+
+# Aborting several NCCL communicators one after another can deadlock (pytorch#119797); they
+# are aborted inside one NCCL group, one batch at a time.
+_nccl_abort_lock = threading.Lock()
+
+
+class Driver(Protocol):
+    name: str
+    # gloo send/recv works have no future: they need a waiter thread.
+    p2p_has_future: bool
+    # Where tensors must live (None: anywhere the backend accepts).
+    device: torch.device | None
+
+    def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup: ...
+    def wait(self, world: World, op: str, work: Any) -> None: ...
+    def barrier_options(self) -> BarrierOptions: ...
+    def abort(self, pgs: list[ProcessGroup]) -> None: ...
+    def check_reduce_op(self, op: str, reduce_op: str) -> None: ...
+
+
+def make_driver(backend: str, device: str | torch.device | None) -> Driver:
+    if backend == "gloo":
+        return GlooDriver()
+    if backend == "nccl":
+        return NcclDriver(nccl_device(device))
+    raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+
+
+def _register(pg: ProcessGroup, device: torch.device, kind: ProcessGroup.BackendType, backend: Any) -> None:
+    pg._set_default_backend(kind)
+    pg._register_backend(device, kind, backend)
+
+
+class GlooDriver:
+    name = "gloo"
+    p2p_has_future = False
+    device = None
+
+    def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup:
+        from torch.distributed import ProcessGroupGloo
+
+        backend = ProcessGroupGloo(store, rank, size, timeout)
+        backend._set_sequence_number_for_group()
+        pg = ProcessGroup(store, rank, size)
+        _register(pg, torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
+        if torch.cuda.is_available():
+            pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.GLOO, backend)
+        pg._set_group_name(group_name)
+        return pg
+
+    def wait(self, world: World, op: str, work: Any) -> None:
+        """Wait in slices: a timed-out wait leaves a gloo collective running, and between
+        slices a verdict on the world wakes this op up."""
+        slice_ = world._slice
+        while True:
+            try:
+                work.wait(slice_)
+                return
+            except RuntimeError:
+                if work.is_completed():
+                    # The op finished: its own outcome decides (a slice timeout changes nothing).
+                    try:
+                        work.wait()
+                    except RuntimeError as exc:
+                        raise world._op_failed(op, exc).fresh() from exc
+                    return
+                error = world._error
+                if error is not None:
+                    raise error.fresh() from None
+
+    def barrier_options(self) -> BarrierOptions:
+        return BarrierOptions()
+
+    def abort(self, pgs: list[ProcessGroup]) -> None:
+        for pg in pgs:
+            pg.abort()
+
+    def check_reduce_op(self, op: str, reduce_op: str) -> None:
+        if reduce_op in ("AVG", "PREMUL_SUM"):
+            raise UnsupportedOpError(op, self.name, f"ReduceOp.{reduce_op}")
+
+
+def nccl_device(device: str | torch.device | None) -> torch.device:
+    """The CUDA device of this process: `device`, else cuda:LOCAL_RANK, else the current one."""
+    if not torch.cuda.is_available():
+        raise WorldJoinError("backend nccl needs a CUDA device, and none is available here")
+    if device is None:
+        local_rank = os.environ.get("LOCAL_RANK", "").strip()
+        if local_rank:
+            if not local_rank.isdigit():
+                raise ValueError(f"LOCAL_RANK={local_rank!r} is not a device index")
+            device = torch.device("cuda", int(local_rank))
+        else:
+            device = torch.device("cuda", torch.cuda.current_device())
+    resolved = torch.device(device)
+    if resolved.type != "cuda":
+        raise ValueError(f"device {resolved} is not a CUDA device; backend nccl needs one")
+    if resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    if resolved.index >= torch.cuda.device_count():
+        raise ValueError(f"device {resolved} does not exist: {torch.cuda.device_count()} CUDA device(s) here")
+    return resolved
+
+
+def make_nccl_env_safe() -> None:
+    """Make sure an NCCL error or a stuck watchdog never tears the process down (read by each
+    ProcessGroupNCCL when it is built)."""
+    handling = os.environ.get(_NCCL_ERROR_HANDLING, os.environ.get(_NCCL_ERROR_HANDLING_LEGACY))
+    if handling not in _NCCL_SAFE_ERROR_HANDLING:
+        if handling is not None:
+            log.warning("%s=%s would kill the process on one world's error; using 0", _NCCL_ERROR_HANDLING, handling)
+        os.environ[_NCCL_ERROR_HANDLING] = "0"
+    if os.environ.get(_NCCL_MONITORING) != "0":
+        if os.environ.get(_NCCL_MONITORING) is not None:
+            log.warning("%s=%s could kill the process; using 0", _NCCL_MONITORING, os.environ[_NCCL_MONITORING])
+        os.environ[_NCCL_MONITORING] = "0"
+
+
+def _watch_nccl(world: World, op: str, fut: Any) -> None:
+    """Done-callback of a blocking NCCL op, whose CPU side returns before the GPU finishes."""
+    try:
+        fut.value()
+    except Exception as exc:
+        world._op_failed(op, exc)
+
+
+class NcclDriver:
+    name = "nccl"
+    p2p_has_future = True
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup:
+        from torch.distributed import ProcessGroupNCCL
+
+        make_nccl_env_safe()
+        torch.cuda.set_device(self.device)
+        options = ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        backend = ProcessGroupNCCL(store, rank, size, options)
+        backend._set_sequence_number_for_group()
+        # Build the communicator now, inside the join, not at the first op.
+        backend.eager_connect_single_device(self.device)
+        pg = ProcessGroup(store, rank, size)
+        _register(pg, self.device, ProcessGroup.BackendType.NCCL, backend)
+        pg.bound_device_id = self.device
+        pg._set_group_name(group_name)
+        return pg
+
+    def wait(self, world: World, op: str, work: Any) -> None:
+        """torch's blocking semantics for NCCL: the current stream waits, the CPU goes on; an
+        error that shows later breaks the world through the future."""
+        work.get_future().add_done_callback(partial(_watch_nccl, world, op))
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise world._op_failed(op, exc).fresh() from exc
+
+    def barrier_options(self) -> BarrierOptions:
+        options = BarrierOptions()
+        options.device_ids = [self.device.index]
+        return options
+
+    def abort(self, pgs: list[ProcessGroup]) -> None:
+        if not pgs:
+            return
+        with _nccl_abort_lock:
+            group = pgs[0]._get_backend(self.device)
+            group._group_start()
+            try:
+                for pg in pgs:
+                    pg.abort()
+            finally:
+                group._group_end()
+
+    def check_reduce_op(self, op: str, reduce_op: str) -> None:
+        return None

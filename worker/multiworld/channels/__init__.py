@@ -1,0 +1,39 @@
+"""Channel selection by the scheme of MULTIWORLD_TABLE; channel modules load lazily, so the
+worker never imports kubernetes unless it is told to use it."""
+
+from __future__ import annotations
+
+import importlib
+
+from multiworld.channels.base import Channel, TableCallback
+from multiworld.contract import ENV_TABLE
+
+SCHEMES = {
+    "local": "multiworld.channels.local",
+    "kubernetes": "multiworld.channels.kubernetes",
+}
+
+
+def open_channel(url: str, pod: str) -> Channel:
+    """"" -> none (static env), "local://HOST:PORT" -> the local runner,
+    "kubernetes://NAMESPACE/NAME" -> the MultiWorld resource."""
+    if not url.strip():
+        module = importlib.import_module("multiworld.channels.none")
+        return module.from_url(url, pod)  # type: ignore[no-any-return]
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        raise ValueError(f"{ENV_TABLE}={url!r} is not a channel URL ({_choices()})")
+    if scheme not in SCHEMES:
+        raise ValueError(f"{ENV_TABLE}={url!r} has an unknown scheme {scheme!r} ({_choices()})")
+    try:
+        module = importlib.import_module(SCHEMES[scheme])
+    except ImportError as exc:
+        raise ImportError(f"the {scheme}:// channel cannot be loaded: {exc}") from exc
+    return module.from_url(url, pod)  # type: ignore[no-any-return]
+
+
+def _choices() -> str:
+    return "use '' for none, 'local://HOST:PORT' or 'kubernetes://NAMESPACE/NAME'"
+
+
+__all__ = ["SCHEMES", "Channel", "TableCallback", "open_channel"]

@@ -1,0 +1,72 @@
+"""The typed errors of the worker runtime (no torch)."""
+
+from __future__ import annotations
+
+
+class MultiWorldError(Exception):
+    """Base of every error this library raises on purpose."""
+
+
+class WorldBrokenError(MultiWorldError):
+    """A world (at one epoch) is broken: every pending and new op on it raises this.
+
+    The world is released in the background; join it again at a newer epoch.
+    """
+
+    def __init__(self, world: str, epoch: int, reason: str, peer_rank: int | None = None) -> None:
+        # Keep the fields as args so copies and pickles rebuild the same error.
+        super().__init__(world, epoch, reason, peer_rank)
+        self.world = world
+        self.epoch = epoch
+        self.reason = reason
+        self.peer_rank = peer_rank
+
+    def __str__(self) -> str:
+        peer = f", peer rank {self.peer_rank}" if self.peer_rank is not None else ""
+        return f"world {self.world!r} (epoch {self.epoch}) is broken{peer}: {self.reason}"
+
+    def fresh(self) -> WorldBrokenError:
+        """A new instance with the same fields, to raise in one more place without sharing tracebacks."""
+        return WorldBrokenError(self.world, self.epoch, self.reason, self.peer_rank)
+
+
+class UnknownWorldError(MultiWorldError, KeyError, ValueError):
+    """The named world is not held by this process."""
+
+    def __init__(self, world: str, detail: str = "") -> None:
+        super().__init__(world, detail)
+        self.world = world
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"unknown world {self.world!r}" + (f": {self.detail}" if self.detail else "")
+
+
+class WorldJoinError(MultiWorldError):
+    """A rendezvous failed: members disagree, the epoch is stale, a rank is taken, or time ran out."""
+
+
+class JoinCancelled(WorldJoinError):
+    """A join was called off: a newer epoch arrived, the world was left, or the manager closed."""
+
+    def __init__(self, world: str) -> None:
+        super().__init__(f"join of world {world!r} was cancelled")
+
+
+class StaleEpochError(WorldJoinError):
+    """The world has moved on to a newer epoch than the one asked for."""
+
+
+class UnsupportedOpError(MultiWorldError, NotImplementedError):
+    """The world's backend does not implement this op (or this variant of it)."""
+
+    def __init__(self, op: str, backend: str, detail: str = "") -> None:
+        super().__init__(op, backend, detail)
+        self.op = op
+        self.backend = backend
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.op} is not supported by the {self.backend} backend" + (
+            f" ({self.detail})" if self.detail else ""
+        )

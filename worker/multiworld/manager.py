@@ -1,0 +1,413 @@
+"""Many worlds in one process: join, leave, follow the live world table, report failures.
+
+No torch at import: the communicator code (world.py) loads on the first join.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from multiworld.channels import Channel
+from multiworld.channels.none import NoneChannel
+from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
+from multiworld.detect import DetectConfig
+from multiworld.errors import (
+    JoinCancelled,
+    StaleEpochError,
+    UnknownWorldError,
+    WorldBrokenError,
+    WorldJoinError,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from multiworld.world import World
+
+log = logging.getLogger(__name__)
+
+# How long close() waits for communicators to be released before it returns anyway.
+_CLOSE_GRACE = 2.0
+
+
+class _Join:
+    """One rendezvous in flight on its own daemon thread."""
+
+    def __init__(self, assignment: WorldAssignment) -> None:
+        self.assignment = assignment
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self.world: World | None = None
+        self.error: BaseException | None = None
+
+    def result(self) -> World:
+        if self.error is not None:
+            raise self.error
+        assert self.world is not None
+        return self.world
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class WorldManager:
+    """The worlds of one process (pod). Thread-safe; never blocks on a broken world."""
+
+    def __init__(
+        self,
+        pod: str = "",
+        config: DetectConfig | None = None,
+        channel: Channel | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.pod = pod or socket.gethostname()
+        self.config = config if config is not None else DetectConfig.from_env()
+        self._channel: Channel = channel if channel is not None else NoneChannel()
+        self._device = device
+        self._lock = threading.RLock()
+        self._worlds: dict[str, World] = {}
+        self._joins: dict[str, _Join] = {}
+        self._given_up: dict[str, int] = {}  # the epoch per world whose join failed: not retried
+        self._errors: dict[str, int] = {}
+        self._revision = -1
+        self._watchers: list[Callable[[], None]] = []
+        self._last_status: WorkerStatus | None = None
+        self._closed = False
+        _open_managers.add(self)
+        self._channel.start(self.apply)
+
+    def __enter__(self) -> WorldManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<WorldManager pod={self.pod!r} worlds={sorted(self._worlds)} joining={sorted(self._joins)}>"
+
+    # -- joining -----------------------------------------------------------------------
+
+    def join(self, assignment: WorldAssignment | Mapping[str, Any]) -> World:
+        """Rendezvous with the world's other members (blocking) and return the world."""
+        join = self._start_join(_assignment(assignment))
+        join.done.wait()
+        return join.result()
+
+    async def join_async(self, assignment: WorldAssignment | Mapping[str, Any]) -> World:
+        """`join` without blocking the event loop."""
+        join = self._start_join(_assignment(assignment))
+        await self._until(join.done.is_set, None, f"join of world {join.assignment.name!r}")
+        return join.result()
+
+    def join_all(self, assignments: Iterable[WorldAssignment]) -> dict[str, World]:
+        """Join several worlds in parallel (a process can wait on another in one world while that
+        one waits on it in another). Returns the worlds joined; failures are logged and reported."""
+        joins = [self._start_join(_assignment(a)) for a in assignments]
+        for join in joins:
+            join.done.wait()
+        return {j.assignment.name: j.world for j in joins if j.world is not None}
+
+    def _start_join(self, a: WorldAssignment) -> _Join:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this WorldManager is closed")
+            pending = self._joins.get(a.name)
+            if pending is not None:
+                if pending.assignment == a:
+                    return pending
+                self._refuse_older(a, pending.assignment, "being joined")
+                pending.cancelled.set()
+                del self._joins[a.name]
+            held = self._worlds.get(a.name)
+            if held is not None:
+                if held.assignment == a and not held.broken:
+                    done = _Join(a)
+                    done.world = held
+                    done.done.set()
+                    return done
+                if held.assignment == a:
+                    raise WorldJoinError(
+                        f"world {a.name!r} epoch {a.epoch} is broken ({held.error.reason if held.error else ''}); "
+                        "join a newer epoch"
+                    )
+                self._refuse_older(a, held.assignment, "held")
+                if not held.broken:
+                    held._close(f"moved on to epoch {a.epoch}")
+            join = _Join(a)
+            self._joins[a.name] = join
+        threading.Thread(target=self._run_join, args=(join,), name=f"mw-join-{a.name}-{a.epoch}", daemon=True).start()
+        return join
+
+    @staticmethod
+    def _refuse_older(a: WorldAssignment, current: WorldAssignment, state: str) -> None:
+        if current.epoch > a.epoch:
+            raise StaleEpochError(f"world {a.name!r}: epoch {a.epoch} is older than epoch {current.epoch}, {state}")
+        if current.epoch == a.epoch:
+            raise WorldJoinError(
+                f"world {a.name!r} epoch {a.epoch} is already {state} as rank {current.rank} of {current.size} "
+                f"at {current.host}:{current.port}; a changed world needs a new epoch"
+            )
+
+    def _run_join(self, join: _Join) -> None:
+        from multiworld.world import connect
+
+        try:
+            world = connect(
+                join.assignment,
+                pod=self.pod,
+                config=self.config,
+                device=self._device,
+                cancelled=join.cancelled,
+                on_broken=self._world_broken,
+            )
+        except BaseException as exc:
+            self._join_failed(join, exc)
+        else:
+            self._install(join, world)
+
+    def _install(self, join: _Join, world: World) -> None:
+        name = join.assignment.name
+        with self._lock:
+            current = self._joins.get(name) is join and not join.cancelled.is_set() and not self._closed
+            if current:
+                del self._joins[name]
+                self._worlds[name] = world
+                join.world = world
+        if not current:
+            world._close("cancelled its join")
+            join.error = JoinCancelled(name)
+        join.done.set()
+        self._changed()
+
+    def _join_failed(self, join: _Join, exc: BaseException) -> None:
+        a = join.assignment
+        join.error = exc
+        with self._lock:
+            current = self._joins.get(a.name) is join
+            if current:
+                del self._joins[a.name]
+                self._given_up[a.name] = max(self._given_up.get(a.name, 0), a.epoch)
+        if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):
+            log.warning("could not join world %s epoch %d: %s", a.name, a.epoch, exc)
+            self._channel.report(
+                BrokenWorldReport(world=a.name, epoch=a.epoch, reason=f"join failed: {exc}", pod=self.pod)
+            )
+        elif current:
+            log.info("gave up joining world %s epoch %d: %s", a.name, a.epoch, exc)
+        join.done.set()
+        self._changed()
+
+    # -- the live table ------------------------------------------------------------------
+
+    def apply(self, table: WorldTable | Mapping[str, Any]) -> None:
+        """Match the table: join new worlds and newer epochs (in the background), leave worlds
+        that are gone. Older revisions are ignored. Never blocks."""
+        table = table if isinstance(table, WorldTable) else WorldTable.model_validate(table)
+        with self._lock:
+            if self._closed:
+                return
+            if table.revision < self._revision:
+                log.debug("ignoring world table revision %d (have %d)", table.revision, self._revision)
+                return
+            self._revision = table.revision
+            mine = table.assignments_for(self.pod)
+            for name in (set(self._worlds) | set(self._joins)) - set(mine):
+                self._leave(name)
+            for a in mine.values():
+                if self._wants(a):
+                    try:
+                        self._start_join(a)
+                    except WorldJoinError as exc:
+                        log.warning("world table revision %d: %s", table.revision, exc)
+
+    def _wants(self, a: WorldAssignment) -> bool:
+        pending = self._joins.get(a.name)
+        current = pending.assignment if pending is not None else None
+        held = self._worlds.get(a.name)
+        if current is None and held is not None:
+            current = held.assignment
+        if current is not None and current.epoch >= a.epoch:
+            if current.epoch == a.epoch and current != a:
+                log.error("world %s epoch %d changed without a new epoch; ignored", a.name, a.epoch)
+            return False
+        return self._given_up.get(a.name, 0) < a.epoch
+
+    # -- leaving -------------------------------------------------------------------------
+
+    def leave(self, name: str) -> None:
+        """Leave a world (or call off its join). Its release runs in the background."""
+        with self._lock:
+            if name not in self._worlds and name not in self._joins:
+                raise UnknownWorldError(name, self._known())
+            self._leave(name)
+
+    def _leave(self, name: str) -> None:
+        join = self._joins.pop(name, None)
+        if join is not None:
+            join.cancelled.set()
+        world = self._worlds.pop(name, None)
+        if world is not None:
+            world._leave_for_good("left the world")
+        self._changed()
+
+    # -- looking worlds up ---------------------------------------------------------------
+
+    def world(self, name: str) -> World:
+        """The world's latest incarnation here (a broken one until a newer epoch is joined)."""
+        with self._lock:
+            world = self._worlds.get(name)
+            if world is None:
+                join = self._joins.get(name)
+                detail = f"its join (epoch {join.assignment.epoch}) is in progress" if join else self._known()
+                raise UnknownWorldError(name, detail)
+            return world
+
+    def worlds(self) -> dict[str, World]:
+        with self._lock:
+            return dict(self._worlds)
+
+    def _known(self) -> str:
+        held = sorted(set(self._worlds) | set(self._joins))
+        return f"this process holds {', '.join(repr(n) for n in held)}" if held else "this process holds no world"
+
+    def _ready(self, name: str, newer_than: int | None) -> World | None:
+        world = self._worlds.get(name)
+        if world is not None and not world.broken and world.epoch > (newer_than or 0):
+            return world
+        return None
+
+    async def wait_world(self, name: str, newer_than: int | None = None, timeout: float | None = None) -> World:
+        """Until the world is held healthy at an epoch above `newer_than` (None: any epoch)."""
+        found: list[World] = []
+
+        def ready() -> bool:
+            world = self._ready(name, newer_than)
+            if world is not None:
+                found.append(world)
+            return world is not None
+
+        await self._until(ready, timeout, f"world {name!r} (epoch > {newer_than or 0})")
+        return found[-1]
+
+    def wait_world_blocking(self, name: str, newer_than: int | None = None, timeout: float | None = None) -> World:
+        """`wait_world` for code without an event loop."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            woken = threading.Event()
+            with self._lock:
+                world = self._ready(name, newer_than)
+                if world is not None:
+                    return world
+                self._check_open()
+                self._watchers.append(woken.set)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if (remaining is not None and remaining <= 0) or not woken.wait(remaining):
+                raise TimeoutError(f"world {name!r} (epoch > {newer_than or 0}) not ready after {timeout}s")
+
+    async def _until(self, predicate: Callable[[], bool], timeout: float | None, what: str) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            fut: asyncio.Future[None] = loop.create_future()
+            with self._lock:
+                if predicate():
+                    return
+                self._check_open()
+                self._watchers.append(lambda: loop.call_soon_threadsafe(_wake, fut))
+            remaining = None if deadline is None else deadline - loop.time()
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except asyncio.TimeoutError:
+                raise TimeoutError(f"{what} not ready after {timeout}s") from None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this WorldManager is closed")
+
+    # -- failures and status -------------------------------------------------------------
+
+    def _world_broken(self, world: World, error: WorldBrokenError, report: bool) -> None:
+        if report:
+            with self._lock:
+                self._errors[world.name] = self._errors.get(world.name, 0) + 1
+            self._channel.report(
+                BrokenWorldReport(
+                    world=error.world, epoch=error.epoch, reason=error.reason, peer_rank=error.peer_rank, pod=self.pod
+                )
+            )
+        self._changed()
+
+    def status(self) -> WorkerStatus:
+        """What this process holds now: healthy worlds' epochs, and failures seen per world."""
+        with self._lock:
+            joined = {name: w.epoch for name, w in self._worlds.items() if not w.broken}
+            return WorkerStatus(pod=self.pod, joined=joined, errors=dict(self._errors))
+
+    def _changed(self) -> None:
+        with self._lock:
+            status = self.status()
+            if status != self._last_status:
+                self._last_status = status
+                self._channel.status(status)  # queued, so order is kept under the lock
+            watchers, self._watchers = self._watchers, []
+        for wake in watchers:
+            try:
+                wake()
+            except RuntimeError:  # an event loop that is gone
+                pass
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Leave every world and stop, without waiting out any stuck op (bounded wait)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            worlds = list(self._worlds.values())
+            joins = list(self._joins.values())
+            self._worlds.clear()
+            self._joins.clear()
+        for join in joins:
+            join.cancelled.set()
+        deadline = time.monotonic() + _CLOSE_GRACE
+        if worlds:
+            from multiworld.world import release_in_background
+
+            for world in worlds:
+                world._close("closed", release=False)
+            release_in_background(worlds)
+            for world in worlds:
+                world.wait_released(max(0.0, deadline - time.monotonic()))
+        # Threads still inside torch calls at interpreter exit would abort the process.
+        for join in joins:
+            join.done.wait(max(0.0, deadline - time.monotonic()))
+        self._changed()
+        self._channel.close()
+        _open_managers.discard(self)
+
+
+def _assignment(value: WorldAssignment | Mapping[str, Any]) -> WorldAssignment:
+    return value if isinstance(value, WorldAssignment) else WorldAssignment.model_validate(value)
+
+
+_open_managers: weakref.WeakSet[WorldManager] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_managers() -> None:
+    for manager in list(_open_managers):
+        try:
+            manager.close()
+        except Exception:
+            log.exception("closing %r at exit failed", manager)

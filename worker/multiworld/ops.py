@@ -1,0 +1,290 @@
+"""The per-world ops, with torch.distributed's argument names.
+
+Every op checks its arguments first (a clear error naming the argument), then runs on the
+world's own ProcessGroup. `async_op=False` blocks and returns None; `async_op=True` returns
+a `Work` to `await`, `wait()` or poll. Options objects are cached per world: building one
+costs about as much as the rest of the Python side of an op.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ProcessGroup,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
+from torch._C._distributed_c10d import ReduceOp as TorchReduceOp
+
+from multiworld.detect import short
+from multiworld.errors import UnsupportedOpError, WorldBrokenError
+from multiworld.reduce_op import ReduceOp
+from multiworld.work import P2PWaiters, Work
+
+if TYPE_CHECKING:
+    from multiworld.backends import Driver
+
+AnyReduceOp = ReduceOp | TorchReduceOp | TorchReduceOp.RedOpType | str
+
+
+def _reduce_op_name(op: AnyReduceOp) -> str:
+    if isinstance(op, ReduceOp):
+        return op.value
+    if isinstance(op, TorchReduceOp.RedOpType):
+        return op.name
+    if isinstance(op, TorchReduceOp):  # an instance, e.g. PREMUL_SUM with its factor
+        for name in (*ReduceOp.__members__, "PREMUL_SUM"):
+            if op == getattr(TorchReduceOp, name):
+                return name
+    if isinstance(op, str) and op.upper() in ReduceOp.__members__:
+        return op.upper()
+    raise ValueError(f"op must be a ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), got {op!r}")
+
+
+def _check_tensor(name: str, tensor: Any, device: torch.device | None) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_contiguous():
+        # gloo reads the storage as if contiguous: a strided view gives wrong results silently.
+        raise ValueError(f"{name} must be contiguous (use .contiguous())")
+    if device is not None and tensor.device != device:
+        raise ValueError(f"{name} is on {tensor.device}, but this world communicates on {device}")
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"shape {tuple(tensor.shape)} and dtype {tensor.dtype}"
+
+
+class Collectives:
+    """Op methods of `World` (mixed in); the state they use is set up by World.__init__."""
+
+    name: str
+    rank: int
+    size: int
+    _lock: threading.Lock
+    _pg: ProcessGroup | None
+    _error: WorldBrokenError | None
+    _pending: set[Work]
+    _driver: Driver
+    _waiters: P2PWaiters | None
+    _slice: timedelta
+    _options: dict[tuple[object, ...], Any]
+
+    if TYPE_CHECKING:
+
+        def _op_failed(self, op: str, exc: BaseException) -> WorldBrokenError: ...
+
+    # -- argument checks ---------------------------------------------------------------
+
+    def _check_rank(self, name: str, rank: Any, *, peer: bool = False) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"{name} must be an int rank, got {rank!r}")
+        if not 0 <= rank < self.size:
+            raise ValueError(f"{name}={rank} is out of range for world {self.name!r} of size {self.size}")
+        if peer and rank == self.rank:
+            raise ValueError(f"{name}={rank} is this process's own rank in world {self.name!r}")
+
+    def _check_list(self, name: str, tensors: Any, like: torch.Tensor | None, like_name: str) -> list[torch.Tensor]:
+        if not isinstance(tensors, (list, tuple)):
+            raise TypeError(f"{name} must be a list of {self.size} tensors, got {type(tensors).__name__}")
+        if len(tensors) != self.size:
+            raise ValueError(
+                f"{name} must hold {self.size} tensors (one per rank of world {self.name!r}), got {len(tensors)}"
+            )
+        for i, tensor in enumerate(tensors):
+            _check_tensor(f"{name}[{i}]", tensor, self._driver.device)
+            if like is not None and (tensor.shape != like.shape or tensor.dtype != like.dtype):
+                raise ValueError(f"{name}[{i}] has {_describe(tensor)}, but {like_name} has {_describe(like)}")
+        return list(tensors)
+
+    def _root_list(self, name: str, tensors: Any, like: torch.Tensor, root_name: str, root: int) -> list[list[torch.Tensor]]:
+        """The per-rank list that only the root passes (gather_list, scatter_list)."""
+        if self.rank == root:
+            if tensors is None:
+                raise ValueError(f"{name} is required on rank {root_name}={root}")
+            return [self._check_list(name, tensors, like, "tensor")]
+        if tensors:
+            raise ValueError(f"{name} must be None or empty on ranks other than {root_name}={root}")
+        return []
+
+    def _cached(self, key: tuple[object, ...], build: Callable[[], Any]) -> Any:
+        options = self._options.get(key)
+        if options is None:
+            options = self._options[key] = build()
+        return options
+
+    def _reduce_opts(self, kind: str, factory: Callable[[], Any], op: AnyReduceOp, root: int | None = None) -> Any:
+        name = _reduce_op_name(op)
+
+        def build() -> Any:
+            self._driver.check_reduce_op(kind, name)
+            options = factory()
+            options.reduceOp = op if isinstance(op, TorchReduceOp) else getattr(TorchReduceOp, name)
+            if root is not None:
+                options.rootRank, options.rootTensor = root, 0
+            return options
+
+        # A ReduceOp instance may carry a factor, so it is never shared.
+        return build() if isinstance(op, TorchReduceOp) else self._cached((kind, name, root), build)
+
+    def _rooted_opts(self, kind: str, factory: Callable[[], Any], root: int) -> Any:
+        def build() -> Any:
+            options = factory()
+            options.rootRank = root
+            if hasattr(options, "rootTensor"):
+                options.rootTensor = 0
+            return options
+
+        return self._cached((kind, root), build)
+
+    # -- running ops -------------------------------------------------------------------
+
+    def _start(self, op: str, call: Callable[[ProcessGroup], Any], track: bool) -> tuple[Any, Work | None]:
+        with self._lock:
+            if self._error is not None:
+                raise self._error.fresh()
+            assert self._pg is not None
+            try:
+                torch_work = call(self._pg)
+            except RuntimeError as exc:
+                text = str(exc).lower()
+                if "not supported" in text or "not implemented" in text or "unsupported" in text:
+                    raise UnsupportedOpError(op, self._driver.name, short(exc)) from exc
+                raise
+            if not track:
+                return torch_work, None
+            work = Work(self, op, torch_work)  # type: ignore[arg-type]
+            self._pending.add(work)
+            return torch_work, work
+
+    def _collective(self, op: str, call: Callable[[ProcessGroup], Any], async_op: bool) -> Work | None:
+        torch_work, work = self._start(op, call, track=async_op)
+        if work is None:
+            self._driver.wait(self, op, torch_work)  # type: ignore[arg-type]
+            return None
+        torch_work.get_future().add_done_callback(work._on_future)
+        return work
+
+    def _p2p(self, op: str, call: Callable[[ProcessGroup], Any], async_op: bool) -> Work | None:
+        waiters = self._waiters
+        if waiters is None:
+            return self._collective(op, call, async_op)
+        _, work = self._start(op, call, track=True)
+        assert work is not None
+        waiters.submit(work)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    # -- point to point ----------------------------------------------------------------
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0, async_op: bool = False) -> Work | None:
+        """Send `tensor` to rank `dst` of this world."""
+        _check_tensor("tensor", tensor, self._driver.device)
+        self._check_rank("dst", dst, peer=True)
+        return self._p2p("send", lambda pg: pg.send([tensor], dst, tag), async_op)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0, async_op: bool = False) -> Work | None:
+        """Receive into `tensor` from rank `src` of this world."""
+        _check_tensor("tensor", tensor, self._driver.device)
+        self._check_rank("src", src, peer=True)
+        return self._p2p("recv", lambda pg: pg.recv([tensor], src, tag), async_op)
+
+    # -- collectives -------------------------------------------------------------------
+
+    def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Work | None:
+        _check_tensor("tensor", tensor, self._driver.device)
+        self._check_rank("src", src)
+        options = self._rooted_opts("broadcast", BroadcastOptions, src)
+        return self._collective("broadcast", lambda pg: pg.broadcast([tensor], options), async_op)
+
+    def all_reduce(self, tensor: torch.Tensor, op: AnyReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        _check_tensor("tensor", tensor, self._driver.device)
+        options = self._reduce_opts("all_reduce", AllreduceOptions, op)
+        return self._collective("all_reduce", lambda pg: pg.allreduce([tensor], options), async_op)
+
+    def reduce(
+        self, tensor: torch.Tensor, dst: int, op: AnyReduceOp = ReduceOp.SUM, async_op: bool = False
+    ) -> Work | None:
+        """Only rank `dst` is guaranteed to hold the result; other ranks' tensors are scratch."""
+        _check_tensor("tensor", tensor, self._driver.device)
+        self._check_rank("dst", dst)
+        options = self._reduce_opts("reduce", ReduceOptions, op, root=dst)
+        return self._collective("reduce", lambda pg: pg.reduce([tensor], options), async_op)
+
+    def all_gather(self, tensor_list: Sequence[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
+        _check_tensor("tensor", tensor, self._driver.device)
+        outputs = self._check_list("tensor_list", tensor_list, tensor, "tensor")
+        options = self._cached(("all_gather",), AllgatherOptions)
+        return self._collective("all_gather", lambda pg: pg.allgather([outputs], [tensor], options), async_op)
+
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        gather_list: Sequence[torch.Tensor] | None = None,
+        dst: int = 0,
+        async_op: bool = False,
+    ) -> Work | None:
+        _check_tensor("tensor", tensor, self._driver.device)
+        self._check_rank("dst", dst)
+        outputs = self._root_list("gather_list", gather_list, tensor, "dst", dst)
+        options = self._rooted_opts("gather", GatherOptions, dst)
+        return self._collective("gather", lambda pg: pg.gather(outputs, [tensor], options), async_op)
+
+    def scatter(
+        self,
+        tensor: torch.Tensor,
+        scatter_list: Sequence[torch.Tensor] | None = None,
+        src: int = 0,
+        async_op: bool = False,
+    ) -> Work | None:
+        _check_tensor("tensor", tensor, self._driver.device)
+        self._check_rank("src", src)
+        inputs = self._root_list("scatter_list", scatter_list, tensor, "src", src)
+        options = self._rooted_opts("scatter", ScatterOptions, src)
+        return self._collective("scatter", lambda pg: pg.scatter([tensor], inputs, options), async_op)
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: Sequence[torch.Tensor],
+        op: AnyReduceOp = ReduceOp.SUM,
+        async_op: bool = False,
+    ) -> Work | None:
+        _check_tensor("output", output, self._driver.device)
+        inputs = self._check_list("input_list", input_list, output, "output")
+        options = self._reduce_opts("reduce_scatter", ReduceScatterOptions, op)
+        return self._collective("reduce_scatter", lambda pg: pg.reduce_scatter([output], [inputs], options), async_op)
+
+    def all_to_all(
+        self,
+        output_tensor_list: Sequence[torch.Tensor],
+        input_tensor_list: Sequence[torch.Tensor],
+        async_op: bool = False,
+    ) -> Work | None:
+        """Rank i sends input_tensor_list[j] to rank j, which receives it in output_tensor_list[i]."""
+        outputs = self._check_list("output_tensor_list", output_tensor_list, None, "")
+        inputs = self._check_list("input_tensor_list", input_tensor_list, None, "")
+        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+            if out.dtype != inp.dtype:
+                raise ValueError(
+                    f"output_tensor_list[{i}] has dtype {out.dtype}, but input_tensor_list[{i}] has {inp.dtype}"
+                )
+        options = self._cached(("all_to_all",), AllToAllOptions)
+        return self._collective("all_to_all", lambda pg: pg.alltoall(outputs, inputs, options), async_op)
+
+    def barrier(self, async_op: bool = False) -> Work | None:
+        options = self._cached(("barrier",), self._driver.barrier_options)
+        return self._collective("barrier", lambda pg: pg.barrier(options), async_op)

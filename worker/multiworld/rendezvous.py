@@ -1,0 +1,120 @@
+"""The members' handshake in a world's store, before the communicator is built.
+
+Keys (under the epoch prefix `<world>/<epoch>/`): `claim/<rank>` (one process per rank),
+`member/<rank>` (what each member was told: size, backend, pod), `hb/<rank>` (heartbeat
+counters), `abort` (a verdict: empty while healthy). Outside the prefix, `<world>/epoch`
+holds the newest epoch any member has asked for, so an older one is refused at once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from torch.distributed import Store
+
+from multiworld.contract import WorldAssignment
+from multiworld.detect import Verdict, abort_key, epoch_key, heartbeat_key, short
+from multiworld.errors import JoinCancelled, StaleEpochError, WorldJoinError
+
+# How often a waiting member looks for the others: the bound on how late it notices them.
+_POLL = 0.02
+
+
+class Rendezvous:
+    def __init__(
+        self,
+        store: Store,
+        assignment: WorldAssignment,
+        *,
+        pod: str,
+        deadline: float,
+        cancelled: threading.Event,
+    ) -> None:
+        self._store = store
+        self._a = assignment
+        self._pod = pod
+        self._deadline = deadline
+        self._cancelled = cancelled
+        self._prefix = assignment.store_prefix
+        self._what = f"world {assignment.name!r} epoch {assignment.epoch}"
+
+    def run(self) -> None:
+        """Return when every member of this epoch is present and agrees; raise otherwise."""
+        try:
+            self._fence_epoch()
+            self._claim_rank()
+            self._announce()
+            self._check_members(self._wait_for_members())
+        except WorldJoinError:
+            raise
+        except Exception as exc:  # the store went away under us
+            raise WorldJoinError(f"{self._what}: rendezvous failed: {short(exc)}") from exc
+
+    def _fence_epoch(self) -> None:
+        key, mine = epoch_key(self._a.name), str(self._a.epoch)
+        current = self._store.compare_set(key, "", mine).decode()
+        while current != mine:
+            if int(current) > self._a.epoch:
+                raise StaleEpochError(f"{self._what} is stale: the world is at epoch {current}")
+            current = self._store.compare_set(key, current, mine).decode()
+            if current == mine:
+                return
+
+    def _claim_rank(self) -> None:
+        rank = self._a.rank
+        if self._store.add(f"{self._prefix}claim/{rank}", 1) != 1:
+            raise WorldJoinError(f"{self._what}: rank {rank} is already taken by another process")
+
+    def _announce(self) -> None:
+        # The abort key and heartbeat counter exist before anyone can see this member, so the
+        # heartbeats' multi_get never waits on a missing key.
+        self._store.compare_set(abort_key(self._prefix), "", "")
+        self._store.add(heartbeat_key(self._prefix, self._a.rank), 0)
+        info = {"size": self._a.size, "backend": self._a.backend, "pod": self._pod}
+        self._store.set(self._member_key(self._a.rank), json.dumps(info))
+
+    def _member_key(self, rank: int) -> str:
+        return f"{self._prefix}member/{rank}"
+
+    def _wait_for_members(self) -> list[dict[str, object]]:
+        keys = [self._member_key(r) for r in range(self._a.size)]
+        # Rank 0's entry first: a member told a different size learns it without waiting for
+        # ranks that will never come.
+        self._wait([keys[0]])
+        self._check_members([json.loads(self._store.get(keys[0]))])
+        self._wait(keys)
+        return [json.loads(raw) for raw in self._store.multi_get(keys)]
+
+    def _check_members(self, members: list[dict[str, object]]) -> None:
+        for rank, info in enumerate(members):
+            for field, mine in (("size", self._a.size), ("backend", self._a.backend)):
+                if info.get(field) != mine:
+                    reason = (
+                        f"{field} mismatch: rank {rank} (pod {info.get('pod') or '?'}) has {field} "
+                        f"{info.get(field)!r}, rank {self._a.rank} (pod {self._pod or '?'}) has {mine!r}"
+                    )
+                    verdict = Verdict(reason=reason, by_rank=self._a.rank)
+                    self._store.compare_set(abort_key(self._prefix), "", verdict.encode())
+                    raise WorldJoinError(f"{self._what}: {reason}")
+
+    def _wait(self, keys: list[str]) -> None:
+        # Polling with check() rather than wait(timeout): a timed-out wait logs a warning from
+        # C++ every time, and members may wait minutes for a pod to start.
+        while not self._store.check(keys):
+            self._still_wanted(keys)
+            self._cancelled.wait(_POLL)
+
+    def _still_wanted(self, keys: list[str]) -> None:
+        if self._cancelled.is_set():
+            raise JoinCancelled(self._a.name)
+        rejected = self._store.get(abort_key(self._prefix))
+        if rejected:
+            raise WorldJoinError(f"{self._what} was rejected: {Verdict.decode(rejected).describe()}")
+        current = int(self._store.get(epoch_key(self._a.name)))
+        if current > self._a.epoch:
+            raise StaleEpochError(f"{self._what} is stale: the world moved on to epoch {current}")
+        if time.monotonic() >= self._deadline:
+            missing = [k.rsplit("/", 1)[1] for k in keys if not self._store.check([k])]
+            raise WorldJoinError(f"{self._what}: timed out waiting for rank(s) {', '.join(missing)}")

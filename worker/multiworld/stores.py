@@ -1,0 +1,90 @@
+"""The per-world TCPStore: rank 0 serves it, every member connects its own clients.
+
+A process keeps one store server per port (and so per world) for as long as it holds the
+world, so a rank 0 that survives a failure serves the later epochs too; the epoch prefix
+(`<world>/<epoch>/`) keeps older epochs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from datetime import timedelta
+
+from torch.distributed import TCPStore
+
+from multiworld.errors import JoinCancelled, WorldJoinError
+
+log = logging.getLogger(__name__)
+
+# Probing for the store server: short attempts, so that a cancelled join notices soon.
+_PROBE_TIMEOUT = 0.5
+_PROBE_INTERVAL = 0.05
+
+_servers: dict[int, tuple[str, TCPStore]] = {}
+_servers_lock = threading.Lock()
+
+
+def serve(world: str, host: str, port: int) -> None:
+    """Make sure this process serves the store of `world` on `port`."""
+    with _servers_lock:
+        held = _servers.get(port)
+        if held is not None:
+            if held[0] != world:
+                raise WorldJoinError(
+                    f"cannot serve the store of world {world!r} on port {port}: "
+                    f"this process already serves world {held[0]!r} there"
+                )
+            return
+        try:
+            server = TCPStore(host, port, None, True, timedelta(seconds=60), wait_for_workers=False)
+        except Exception as exc:
+            raise WorldJoinError(f"cannot serve the store of world {world!r} on port {port}: {exc}") from exc
+        _servers[port] = (world, server)
+        log.debug("serving the store of world %s on port %d", world, port)
+
+
+def stop_serving(world: str, port: int) -> None:
+    """Stop serving `world`'s store (when the world is left for good)."""
+    with _servers_lock:
+        held = _servers.get(port)
+        if held is None or held[0] != world:
+            return
+        del _servers[port]
+    # The server object is dropped here, outside the lock.
+    log.debug("stopped serving the store of world %s on port %d", world, port)
+
+
+def serves(world: str, port: int) -> bool:
+    with _servers_lock:
+        held = _servers.get(port)
+        return held is not None and held[0] == world
+
+
+def connect(
+    world: str, host: str, port: int, *, deadline: float, cancelled: threading.Event, wait_timeout: float
+) -> TCPStore:
+    """A new client connection to the world's store, retried until `deadline`.
+
+    A plain socket probes first: it is silent (TCPStore logs every failed attempt) and can be
+    called off between short attempts.
+    """
+    while True:
+        if cancelled.is_set():
+            raise JoinCancelled(world)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise WorldJoinError(f"cannot reach the store of world {world!r} at {host}:{port}")
+        try:
+            socket.create_connection((host, port), timeout=min(remaining, _PROBE_TIMEOUT)).close()
+        except OSError:
+            cancelled.wait(_PROBE_INTERVAL)
+            continue
+        try:
+            client = TCPStore(host, port, None, False, timedelta(seconds=max(remaining, 1.0)))
+        except Exception as exc:
+            raise WorldJoinError(f"cannot reach the store of world {world!r} at {host}:{port}: {exc}") from exc
+        client.set_timeout(timedelta(seconds=wait_timeout))
+        return client

@@ -1,0 +1,162 @@
+"""Ops in flight: the awaitable `Work`, and the waiter threads gloo point-to-point needs.
+
+No torch import: a `Work` only calls methods of the torch objects it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from multiworld.errors import WorldBrokenError
+
+if TYPE_CHECKING:
+    from multiworld.world import World
+
+log = logging.getLogger(__name__)
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Work:
+    """An op started with `async_op=True`: `await work`, `work.wait(timeout)`, `work.is_completed()`.
+
+    It completes when the op does, or fails with `WorldBrokenError` as soon as its world
+    breaks, whichever comes first.
+    """
+
+    __slots__ = ("op", "_world", "_torch_work", "_done", "_error", "_listeners")
+
+    def __init__(self, world: World, op: str, torch_work: Any) -> None:
+        self.op = op
+        self._world = world
+        self._torch_work = torch_work
+        self._done = threading.Event()
+        self._error: WorldBrokenError | None = None
+        self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] | None = None
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else "done" if self._done.is_set() else "pending"
+        return f"<Work {self.op} on {self._world.name!r} epoch {self._world.epoch}: {state}>"
+
+    def is_completed(self) -> bool:
+        """True once the op finished or failed."""
+        return self._done.is_set()
+
+    def exception(self) -> WorldBrokenError | None:
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done; True on success, WorldBrokenError if the world broke, TimeoutError
+        if `timeout` seconds pass first (the op goes on)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"{self.op} on world {self._world.name!r} not complete after {timeout}s")
+        if self._error is not None:
+            raise self._error.fresh()
+        return True
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if not self._done.is_set():
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+            if self._listen(loop, fut):
+                yield from fut
+        if self._error is not None:
+            raise self._error.fresh()
+
+    def _listen(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> bool:
+        with self._world._lock:
+            if self._done.is_set():
+                return False
+            if self._listeners is None:
+                self._listeners = []
+            self._listeners.append((loop, fut))
+            return True
+
+    def _settle(self, error: WorldBrokenError | None) -> None:
+        """Complete (error None) or fail; from any thread, the first call wins."""
+        world = self._world
+        with world._lock:
+            if self._done.is_set():
+                return
+            self._error = error
+            world._pending.discard(self)
+            listeners, self._listeners = self._listeners, None
+            self._done.set()
+        for loop, fut in listeners or ():
+            try:
+                loop.call_soon_threadsafe(_wake, fut)
+            except RuntimeError:  # that event loop is closed; nobody awaits any more
+                pass
+
+    def _on_future(self, fut: Any) -> None:
+        """torch Future done-callback (runs on a communicator thread)."""
+        try:
+            fut.value()
+        except Exception as exc:
+            self._settle(self._world._op_failed(self.op, exc))
+            return
+        self._settle(None)
+
+    def _wait_torch_work(self) -> None:
+        """Block on the torch work itself (a waiter thread), then settle."""
+        try:
+            self._torch_work.wait()
+        except Exception as exc:
+            self._settle(self._world._op_failed(self.op, exc))
+            return
+        self._settle(None)
+
+
+class P2PWaiters:
+    """Daemon threads that call `wait()` on gloo send/recv works, which offer no future.
+
+    A thread is reused when idle and a new one starts only when all are busy, so unrelated
+    sends and receives never wait on each other. Daemon threads, so a wait stuck on a silent
+    peer never holds up process exit.
+    """
+
+    def __init__(self, world: str) -> None:
+        self._world = world
+        self._queue: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads = 0
+        self._stopped = False
+
+    def submit(self, work: Work) -> None:
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError(f"waiters of world {self._world!r} are stopped")
+            if self._idle:
+                self._idle -= 1
+            else:
+                self._threads += 1
+                threading.Thread(
+                    target=self._serve, name=f"mw-p2p-{self._world}-{self._threads}", daemon=True
+                ).start()
+        self._queue.put(work)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            count = self._threads
+        for _ in range(count):
+            self._queue.put(None)
+
+    def _serve(self) -> None:
+        while True:
+            work = self._queue.get()
+            if work is None:
+                return
+            work._wait_torch_work()
+            del work
+            with self._lock:
+                self._idle += 1

@@ -1,0 +1,232 @@
+"""One world at one epoch: its store clients, communicator, heartbeat, breaking and release."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import PrefixStore, ProcessGroup
+
+from multiworld import stores
+from multiworld.backends import Driver, make_driver
+from multiworld.contract import WorldAssignment
+from multiworld.detect import DetectConfig, Heartbeat, Verdict, short
+from multiworld.errors import WorldBrokenError
+from multiworld.ops import Collectives
+from multiworld.rendezvous import Rendezvous
+from multiworld.work import P2PWaiters, Work
+
+log = logging.getLogger(__name__)
+
+# on_broken(world, error, report): report is False when this process chose to drop the world.
+BrokenCallback = Callable[["World", WorldBrokenError, bool], None]
+
+
+class World(Collectives):
+    """A joined world. Ops are methods (see ops.py); a broken world raises WorldBrokenError
+    from every op, pending or new, and releases itself in the background."""
+
+    def __init__(
+        self,
+        assignment: WorldAssignment,
+        *,
+        pg: ProcessGroup,
+        driver: Driver,
+        heartbeat_store: Any,
+        config: DetectConfig,
+        on_broken: BrokenCallback,
+    ) -> None:
+        self.assignment = assignment
+        self.name = assignment.name
+        self.rank = assignment.rank
+        self.size = assignment.size
+        self.epoch = assignment.epoch
+        self.backend = assignment.backend
+        self._pg: ProcessGroup | None = pg
+        self._driver = driver
+        self._lock = threading.Lock()
+        self._error: WorldBrokenError | None = None
+        self._pending: set[Work] = set()
+        self._options: dict[tuple[object, ...], Any] = {}
+        self._slice = timedelta(seconds=config.heartbeat_interval)
+        self._waiters = None if driver.p2p_has_future else P2PWaiters(self.name)
+        self._on_broken = on_broken
+        self._released = threading.Event()
+        self._heartbeat = Heartbeat(
+            world=self.name,
+            epoch=self.epoch,
+            rank=self.rank,
+            size=self.size,
+            prefix=assignment.store_prefix,
+            store=heartbeat_store,
+            config=config,
+            on_failure=self._heartbeat_failed,
+        )
+
+    def __repr__(self) -> str:
+        state = f"broken: {self._error.reason}" if self._error else "healthy"
+        return f"<World {self.name!r} epoch {self.epoch} rank {self.rank}/{self.size} {self.backend} {state}>"
+
+    @property
+    def broken(self) -> bool:
+        return self._error is not None
+
+    @property
+    def error(self) -> WorldBrokenError | None:
+        """Why the world broke (None while healthy)."""
+        return self._error
+
+    @property
+    def released(self) -> bool:
+        """True once the communicator is aborted and dropped."""
+        return self._released.is_set()
+
+    def wait_released(self, timeout: float | None = None) -> bool:
+        """Wait until the communicator is dropped and the heartbeat thread has ended.
+
+        A daemon thread still inside torch C++ code when the interpreter finalizes is killed
+        with pthread_exit, which aborts the process, so shutdown waits for these (bounded).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._released.wait(timeout):
+            return False
+        self._heartbeat.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not self._heartbeat.alive
+
+    def _start_heartbeat(self) -> None:
+        self._heartbeat.start()
+
+    def _op_failed(self, op: str, exc: BaseException) -> WorldBrokenError:
+        """An op failed: the communicator is unusable, so the whole world is broken."""
+        return self._break(f"{op} failed: {short(exc)}", None, publish=True, report=True)
+
+    def _heartbeat_failed(self, reason: str, peer_rank: int | None, publish: bool) -> None:
+        self._break(reason, peer_rank, publish=publish, report=True)
+
+    def _close(self, reason: str, *, release: bool = True) -> None:
+        """This process drops the world on purpose (leave, newer epoch, shutdown). With
+        release=False the caller releases it, together with others (see release_in_background)."""
+        self._break(f"rank {self.rank} {reason}", None, publish=True, report=False, release=release)
+
+    def _leave_for_good(self, reason: str) -> None:
+        """Close, and stop serving the world's store once the peers could read the verdict."""
+        self._close(reason)
+        if self.rank == 0:
+            threading.Thread(target=self._stop_serving, name=f"mw-unserve-{self.name}", daemon=True).start()
+
+    def _stop_serving(self) -> None:
+        self._heartbeat.join(self._heartbeat.dead_after)
+        stores.stop_serving(self.name, self.assignment.port)
+
+    def _break(
+        self, reason: str, peer_rank: int | None, *, publish: bool, report: bool, release: bool = True
+    ) -> WorldBrokenError:
+        """Mark the world broken (first verdict wins), fail what is pending, tell the peers and
+        the manager, and release in the background. Never blocks."""
+        with self._lock:
+            if self._error is not None:
+                return self._error
+            error = self._error = WorldBrokenError(self.name, self.epoch, reason, peer_rank)
+            pending, self._pending = self._pending, set()
+        (log.warning if report else log.info)("%s", error)
+        for work in pending:
+            work._settle(error)
+        if publish:
+            self._heartbeat.publish(Verdict(reason=reason, peer_rank=peer_rank, by_rank=self.rank))
+        else:
+            self._heartbeat.stop()
+        try:
+            self._on_broken(self, error, report)
+        finally:
+            if release:
+                release_in_background([self])
+        return error
+
+    def _take_pg(self) -> ProcessGroup | None:
+        with self._lock:
+            pg, self._pg = self._pg, None
+        if self._waiters is not None:
+            self._waiters.stop()
+        return pg
+
+
+def connect(
+    assignment: WorldAssignment,
+    *,
+    pod: str,
+    config: DetectConfig,
+    device: str | torch.device | None,
+    cancelled: threading.Event,
+    on_broken: BrokenCallback,
+) -> World:
+    """Rendezvous with the other members of this epoch and build the world (blocking)."""
+    a = assignment
+    driver = make_driver(a.backend, device)
+    deadline = time.monotonic() + config.join_timeout
+    if a.rank == 0:
+        stores.serve(a.name, a.host, a.port)
+    else:
+        stores.stop_serving(a.name, a.port)
+
+    def client() -> Any:
+        return stores.connect(
+            a.name, a.host, a.port, deadline=deadline, cancelled=cancelled, wait_timeout=config.join_timeout
+        )
+
+    store = client()
+    Rendezvous(store, a, pod=pod, deadline=deadline, cancelled=cancelled).run()
+    heartbeat_store = client()
+    pg = driver.build(
+        PrefixStore(f"{a.store_prefix}pg/", store), a.rank, a.size, timedelta(seconds=config.op_timeout), f"{a.name}:{a.epoch}"
+    )
+    world = World(a, pg=pg, driver=driver, heartbeat_store=heartbeat_store, config=config, on_broken=on_broken)
+    world._start_heartbeat()
+    log.info("joined world %s epoch %d as rank %d of %d (%s)", a.name, a.epoch, a.rank, a.size, a.backend)
+    return world
+
+
+def release_in_background(worlds: list[World]) -> None:
+    """Abort the worlds' communicators and drop them on daemon threads.
+
+    Dropping the last reference to a gloo group with an op stuck on a silent peer blocks until
+    the op times out, so that never happens on a caller's thread; daemon threads, so it never
+    holds up process exit either.
+    """
+    threading.Thread(target=_release, args=(worlds,), name="mw-release", daemon=True).start()
+
+
+def _release(worlds: list[World]) -> None:
+    # Each communicator lives only in its one-element holder, so the thread that empties the
+    # holder is the one that runs its destructor.
+    held: list[tuple[World, list[ProcessGroup]]] = []
+    for world in worlds:
+        holder = [pg for pg in (world._take_pg(),) if pg is not None]
+        if holder:
+            held.append((world, holder))
+        else:
+            world._released.set()
+    # One abort call per backend and device, so NCCL communicators are aborted as one group.
+    groups: dict[tuple[str, str], list[tuple[World, list[ProcessGroup]]]] = {}
+    for world, holder in held:
+        groups.setdefault((world._driver.name, str(world._driver.device)), []).append((world, holder))
+    for members in groups.values():
+        driver = members[0][0]._driver
+        try:
+            driver.abort([holder[0] for _, holder in members])
+        except Exception as exc:
+            log.warning("aborting %s communicators failed: %s", driver.name, short(exc))
+    groups.clear()
+    for world, holder in held:
+        threading.Thread(target=_drop, args=(world, holder), name=f"mw-drop-{world.name}", daemon=True).start()
+    held.clear()
+
+
+def _drop(world: World, holder: list[ProcessGroup]) -> None:
+    holder.clear()  # the last reference: may block until a stuck op times out
+    world._released.set()
+    log.debug("released world %s epoch %d", world.name, world.epoch)
