@@ -111,3 +111,13 @@ def test_deleting_the_multiworld_deletes_everything(scene: Scene) -> None:
     with pytest.raises(ApiException) as gone:
         kube.get()
     assert gone.value.status == 404
+
+
+def test_deleted_service_comes_back(scene: Scene) -> None:
+    kube = scene.kube
+    kube.create(two_worlds())
+    [first] = wait_for("the Service", lambda: kube.core.list_namespaced_service(kube.namespace).items)
+
+    kube.core.delete_namespaced_service("mw", kube.namespace, _preload_content=False)  # (the client cannot parse the reply)
+    wait_for("a new Service", lambda: [s for s in kube.core.list_namespaced_service(kube.namespace).items
+                                       if s.metadata.uid != first.metadata.uid])

@@ -9,6 +9,7 @@ import pytest
 from operator_support import KubeNamespace, Scene, created_for, scene, two_worlds, wait_for  # noqa: F401
 
 from multiworld.contract import REPORT_ANNOTATION, BrokenWorldReport
+from multiworld_operator.kube.controller import RESYNC_S
 
 pytestmark = pytest.mark.kube
 
@@ -117,3 +118,20 @@ def test_exhausted_world_fails_alone(scene: Scene) -> None:
     remaining = kube.wait_pods({"mw-leader-0", *B_PODS})  # a pod of a Failed world only is removed
     assert {p: pod.metadata.uid for p, pod in remaining.items()} == {p: before[p] for p in remaining}
     assert wait_for("a WorldExhausted event", lambda: "WorldExhausted" in kube.event_reasons())
+
+
+def test_backoff_ends_by_requeue(scene: Scene) -> None:
+    """A second restart within the window waits for its backoff out of the table; the loop
+    wakes itself when the planner says (requeue_after), not at the next periodic resync."""
+    kube, kubelet = scene.kube, scene.kubelet
+    start(kube, policy={"maxRestarts": 5, "window": "1h", "backoff": {"initialDelay": "3s"}})
+    kubelet.fail("mw-a-0")
+    kube.wait_running(epochs={"wa": 2, "wb": 1})
+
+    kubelet.fail("mw-a-1")
+    waiting = kube.wait_world("wa", lambda w: w["epoch"] == 3 and "restartAt" in w, "waiting for its backoff")
+    assert [w["name"] for w in waiting["table"]["worlds"]] == ["wb"]
+    # Well under the periodic resync: only a requeue can have ended the backoff this soon.
+    wait_for("the backoff to end", lambda: "WorldRestarting" in kube.event_reasons(), timeout=RESYNC_S * 0.75)
+    status = kube.wait_running(epochs={"wa": 3, "wb": 1})
+    assert status["worlds"]["wa"]["restarts"] == 2

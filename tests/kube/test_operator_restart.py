@@ -1,0 +1,66 @@
+"""The operator keeps no memory that matters: stopped at any moment and started again, it
+reads the MultiWorld's status and its pods and converges, with no second epoch bump, no
+replacement pod made twice and no pod of a healthy world touched."""
+
+from __future__ import annotations
+
+import pytest
+from multiworld_test_cluster import Cluster
+from operator_support import Kubelet, KubeNamespace, cluster_release, created_for, running_operator, two_worlds
+
+pytestmark = pytest.mark.kube
+
+PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
+A_PODS = {"mw-a-0", "mw-a-1"}
+
+
+def test_restart_in_the_middle_of_a_recovery(kube_cluster: Cluster, namespace: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    kubeconfig = cluster_release(kube_cluster).operator_kubeconfig
+    with kube_cluster.api_client() as api, Kubelet(api, namespace) as kubelet:
+        kube = KubeNamespace(api, namespace)
+        with running_operator(kubeconfig, namespace, monkeypatch):
+            kube.create(two_worlds())
+            kube.wait_running(epochs={"wa": 1, "wb": 1})
+            before = kube.uids()
+            kubelet.hold.set()  # replacement pods stay Pending: the recovery cannot finish
+            kubelet.fail("mw-a-0")
+            kube.wait_world("wa", lambda w: w["epoch"] == 2, "epoch 2")
+        # Stopped mid-recovery: wa is at epoch 2, its replacements made or not yet.
+        assert kube.status()["worlds"]["wa"]["phase"] == "Recovering"
+        made = {p: pod.metadata.uid for p, pod in kube.pods().items() if created_for(pod) == {"wa": 2}}
+
+        with running_operator(kubeconfig, namespace, monkeypatch):
+            kubelet.hold.clear()
+            status = kube.wait_running(epochs={"wa": 2, "wb": 1})
+        after = kube.uids()
+
+    assert set(after) == PODS
+    assert (status["worlds"]["wa"]["restarts"], status["restarts"]) == (1, 1)
+    assert all(after[p] != before[p] for p in A_PODS)
+    assert {p: after[p] for p in PODS - A_PODS} == {p: before[p] for p in PODS - A_PODS}
+    assert {p: after[p] for p in made} == made  # made before the restart: kept, not made again
+
+
+def test_failure_while_the_operator_is_down(kube_cluster: Cluster, namespace: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    kubeconfig = cluster_release(kube_cluster).operator_kubeconfig
+    with kube_cluster.api_client() as api, Kubelet(api, namespace) as kubelet:
+        kube = KubeNamespace(api, namespace)
+        with running_operator(kubeconfig, namespace, monkeypatch):
+            kube.create(two_worlds())
+            kube.wait_running(epochs={"wa": 1, "wb": 1})
+            before = kube.uids()
+
+        kubelet.fail("mw-b-0")
+        kube.core.delete_namespaced_pod("mw-a-1", namespace)
+
+        with running_operator(kubeconfig, namespace, monkeypatch):
+            status = kube.wait_running(epochs={"wa": 2, "wb": 2})
+        after = kube.uids()
+
+    assert (status["worlds"]["wa"]["lastFailure"]["reason"], status["worlds"]["wb"]["lastFailure"]["reason"]) == \
+        ("PodDeleted", "PodFailed")
+    assert [status["worlds"][w]["restarts"] for w in ("wa", "wb")] == [1, 1]
+    # Both worlds of the leader failed, so it is replaced too: every pod is new, each once.
+    assert set(after) == PODS and all(after[p] != before[p] for p in PODS)
