@@ -92,8 +92,8 @@ class Controller:
         if loop is None or loop.task.done():
             self.loops[key] = ReconcileLoop(Reconciler(self.api, body))
             return
-        loop.reconciler.update(body)
-        loop.poke()
+        if loop.reconciler.update(body):
+            loop.poke()
 
     def pods_changed(self, namespace: str, multiworld: str) -> None:
         loop = self.loops.get((namespace, multiworld))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import kopf
 
 from . import handlers  # noqa: F401  (registers the handlers with kopf)
@@ -10,5 +12,8 @@ from . import handlers  # noqa: F401  (registers the handlers with kopf)
 def run_operator(namespaces: list[str], liveness: str | None = None) -> int:
     """Serve MultiWorlds in `namespaces` (every namespace when empty) until SIGINT/SIGTERM;
     `liveness` (e.g. http://0.0.0.0:8080/healthz) serves kopf's health endpoint."""
+    # Our handlers only wake reconcile loops; kopf's line per handled event is noise at INFO.
+    objects = logging.getLogger("kopf.objects")
+    objects.setLevel(max(logging.WARNING, objects.getEffectiveLevel()))
     kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces, liveness_endpoint=liveness)
     return 0

@@ -36,6 +36,10 @@ class MultiWorldGone(Exception):
     """The MultiWorld was deleted while a step ran."""
 
 
+class PodsRefused(Exception):
+    """The API refused some pod creates; the step is retried after a backoff."""
+
+
 class Reconciler:
     """Reconciles one MultiWorld. `body` is its latest manifest as watched; the status this
     reconciler stored is remembered, since a watched body may lag behind our own writes."""
@@ -60,12 +64,18 @@ class Reconciler:
     def uid(self) -> str:
         return str(self.body["metadata"]["uid"])
 
-    def update(self, body: Mapping[str, Any]) -> None:
-        """A newer manifest; a new uid is a new MultiWorld of the same name: start afresh."""
-        if body["metadata"]["uid"] != self.uid:
+    def update(self, body: Mapping[str, Any]) -> bool:
+        """Take a newer manifest; True when it asks for a step: a new spec (generation), the
+        deletion starting, or a new uid (a new MultiWorld of the same name: start afresh).
+        Our own status writes come back as such events too; they need no step."""
+        old = self.body["metadata"]
+        new = body["metadata"]
+        renewed = new["uid"] != old["uid"]
+        if renewed:
             self.stored, self.service_known = body.get("status"), False
             self._reported_errors.clear()
         self.body = dict(body)
+        return renewed or new.get("generation") != old.get("generation") or self.deleting
 
     @property
     def deleting(self) -> bool:
@@ -161,10 +171,6 @@ class Reconciler:
             await self.api.post_event(self.body, type_, reason, message)
         except ApiException as error:
             log.warning("%s/%s: event %s not posted: %s", self.namespace, self.name, reason, api_message(error))
-
-
-class PodsRefused(Exception):
-    """The API refused some pod creates; the step is retried after a backoff."""
 
 
 def api_message(error: ApiException) -> str:
