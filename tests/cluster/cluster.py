@@ -8,7 +8,8 @@ side. There is no scheduler and no kubelet: Pods stay Pending unless someone wri
     python tests/cluster/cluster.py down   # stop (apiserver before etcd)
     python tests/cluster/cluster.py binaries  # resolve or build the binaries, print their paths
 
-Tests import `Cluster`, `find_binaries` and `serviceaccount_kubeconfig` from this file.
+Tests load this file (tests/kube/conftest.py registers it as `multiworld_test_cluster`) and use
+`find_binaries`, `Cluster`, `ClusterError`, `wait_for` and `api_client_for`.
 """
 
 from __future__ import annotations
@@ -175,14 +176,19 @@ class Cluster:
         self.admin_token = ""
         self.has_controller_manager = False
         self._detach = False
+        # Handles of the processes this object started (reaped on stop); `down` from another
+        # process works from the pid files alone.
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
     # ---- start -------------------------------------------------------------------------------
 
     def start(self, binaries: Binaries, *, detach: bool, timeout: float = 60.0) -> None:
         """Start etcd, kube-apiserver and (if available) kube-controller-manager; wait for ready.
 
-        detach=False ties the processes to the calling process (they get SIGTERM if it dies);
-        detach=True leaves them running after it exits (`make cluster`).
+        Ready means /readyz answers 200 and, with a controller-manager, the `default`
+        ServiceAccount exists (its controllers run, so Pods can be admitted).
+        detach=False ties the processes to the calling thread (they get SIGTERM if it ends);
+        detach=True leaves them running after the caller exits (`make cluster`).
         """
         running = self.running_components()
         if running:
@@ -194,14 +200,24 @@ class Cluster:
         try:
             self._make_credentials()
             etcd_url = self._start_etcd(binaries.etcd)
-            server = self._start_apiserver(binaries, etcd_url)
-            self._wait_ready(server, started, timeout)
+            self._start_apiserver(binaries, etcd_url)
             if binaries.kube_controller_manager is not None:
+                # Started as soon as the apiserver serves (its own start-up then overlaps the
+                # apiserver's post-start hooks); it waits up to 10 s for /healthz by itself.
+                self._wait_until("kube-apiserver to serve", "/version", started, timeout)
                 self._start_controller_manager(binaries.kube_controller_manager)
+            self._wait_until("kube-apiserver /readyz", "/readyz?verbose", started, timeout)
+            if binaries.kube_controller_manager is not None:
+                self._wait_until(
+                    "kube-controller-manager to create the default ServiceAccount",
+                    "/api/v1/namespaces/default/serviceaccounts/default",
+                    started,
+                    timeout,
+                )
         except BaseException:
             self.stop()
             raise
-        log.info("cluster ready in %.1f s: KUBECONFIG=%s", time.monotonic() - started, self.kubeconfig)
+        log.info("ready in %.1f s: KUBECONFIG=%s", time.monotonic() - started, self.kubeconfig)
 
     def _reset_directory(self) -> None:
         for stale in ("etcd-data", "pki", "logs"):
@@ -227,7 +243,7 @@ class Cluster:
         tokens.write_text(f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
         tokens.chmod(0o600)
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def _spawn(self, name: str, argv: list[str]) -> None:
         with open(self.logs / f"{name}.log", "wb") as log_file:
             process = subprocess.Popen(
                 argv,
@@ -239,8 +255,8 @@ class Cluster:
                 preexec_fn=None if self._detach else _die_with_parent,
                 cwd=self.directory,
             )
+        self._processes[name] = process
         (self.directory / f"{name}.pid").write_text(f"{process.pid}\n")
-        return process
 
     def _start_etcd(self, etcd: Path) -> str:
         client_url = f"http://127.0.0.1:{free_port()}"
@@ -291,9 +307,7 @@ class Cluster:
             # admitted by the ServiceAccount plugin.
             argv.append("--disable-admission-plugins=ServiceAccount")
         self._spawn("kube-apiserver", argv)
-        server = f"https://127.0.0.1:{port}"
-        write_kubeconfig(self.kubeconfig, server, self.ca_file, ADMIN_USER, self.admin_token)
-        return server
+        write_kubeconfig(self.kubeconfig, f"https://127.0.0.1:{port}", self.ca_file, ADMIN_USER, self.admin_token)
 
     def _start_controller_manager(self, binary: Path) -> None:
         argv = [
@@ -310,40 +324,42 @@ class Cluster:
             argv.append("--port=0")  # the insecure port, gone after 1.23
         self._spawn("kube-controller-manager", argv)
 
-    def _wait_ready(self, server: str, started: float, timeout: float) -> None:
+    def _wait_until(self, what: str, path: str, started: float, timeout: float) -> None:
+        """Poll GET `path` as admin until it answers 200, logging progress every second."""
         context = ssl.create_default_context(cafile=str(self.ca_file))
+        server = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
         request = urllib.request.Request(
-            f"{server}/readyz?verbose", headers={"Authorization": f"Bearer {self.admin_token}"}
+            server + path, headers={"Authorization": f"Bearer {self.admin_token}"}
         )
         deadline = started + timeout
-        last_report = 0.0
-        reason = "not started"
+        last_report = time.monotonic()
+        reason = "not serving yet"
         while time.monotonic() < deadline:
-            self._raise_if_exited(("etcd", "kube-apiserver"))
+            self.check_alive()
             try:
-                with urllib.request.urlopen(request, context=context, timeout=0.5) as response:
-                    if response.status == 200:
-                        return
+                # A short timeout: the port accepts connections seconds before TLS is served.
+                with urllib.request.urlopen(request, context=context, timeout=0.5):
+                    return
             except urllib.error.HTTPError as error:
-                failing = [line[3:].split(" ")[0] for line in error.read().decode(errors="replace").splitlines()
-                           if line.startswith("[-]")]
-                reason = f"HTTP {error.code}, pending: {', '.join(failing) or '?'}"
-            except (urllib.error.URLError, OSError) as error:
-                reason = str(getattr(error, "reason", error))
+                body = error.read().decode(errors="replace")
+                pending = [line[3:].split(" ")[0] for line in body.splitlines() if line.startswith("[-]")]
+                reason = f"HTTP {error.code}" + (f", pending: {', '.join(pending)}" if pending else "")
+            except OSError:  # refused, or TLS not served yet (URLError and timeouts are OSErrors)
+                reason = "not serving yet"
             now = time.monotonic()
             if now - last_report >= 1.0:
-                log.info("waiting for kube-apiserver /readyz (%.1f s, %s)", now - started, reason)
+                log.info("waiting for %s (%.1f s, %s)", what, now - started, reason)
                 last_report = now
-            time.sleep(0.2)
-        raise ClusterError(
-            f"kube-apiserver not ready after {timeout:.0f} s ({reason}); "
-            f"log tail:\n{self.log_tail('kube-apiserver')}"
-        )
+            time.sleep(0.1)
+        raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what} ({reason})")
 
-    def _raise_if_exited(self, names: tuple[str, ...]) -> None:
-        for name in names:
-            if not self._component_alive(name):
-                raise ClusterError(f"{name} exited during start-up; log tail:\n{self.log_tail(name)}")
+    def check_alive(self) -> None:
+        """Raise, with its log tail, if a component this object started has exited."""
+        for name, process in self._processes.items():
+            if process.poll() is not None:
+                raise ClusterError(
+                    f"{name} exited with status {process.returncode}; log tail:\n{self.log_tail(name)}"
+                )
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         try:
@@ -362,7 +378,12 @@ class Cluster:
 
     def _component_alive(self, name: str) -> bool:
         pid = self._pid(name)
-        return pid is not None and _pid_alive(pid, name)
+        if pid is None:
+            return False
+        process = self._processes.get(name)
+        if process is not None and process.pid == pid:
+            return process.poll() is None  # also reaps it once it has exited
+        return _pid_alive(pid, name)
 
     def running_components(self) -> list[str]:
         return [name for name in STOP_ORDER if self._component_alive(name)]
@@ -371,21 +392,22 @@ class Cluster:
         """Stop every component, apiserver before etcd; SIGKILL what outlives `timeout`."""
         for name in STOP_ORDER:
             pid = self._pid(name)
-            if pid is not None and _pid_alive(pid, name):
+            if pid is not None and self._component_alive(name):
                 self._terminate(name, pid, timeout)
             (self.directory / f"{name}.pid").unlink(missing_ok=True)
+        self._processes.clear()
 
-    @staticmethod
-    def _terminate(name: str, pid: int, timeout: float) -> None:
+    def _terminate(self, name: str, pid: int, timeout: float) -> None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _reap(pid) and not _pid_alive(pid, name):
+            if not self._component_alive(name):
                 return
             time.sleep(0.05)
         log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", name, pid, timeout)
         os.kill(pid, signal.SIGKILL)
-        _reap(pid)
+        if name in self._processes:
+            self._processes[name].wait()
 
     # ---- clients ------------------------------------------------------------------------------
 
@@ -409,15 +431,6 @@ class Cluster:
     def serviceaccount_api_client(self, namespace: str, name: str) -> ApiClient:
         """An ApiClient holding only that ServiceAccount's token: it gets exactly what RBAC grants."""
         return api_client_for(self.serviceaccount_kubeconfig(namespace, name))
-
-
-def _reap(pid: int) -> bool:
-    """Collect `pid` if it is our exited child; True while it is our child and still running."""
-    try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return False  # not our child (started by an earlier `up`): only /proc tells
-    return done == 0
 
 
 def api_client_for(kubeconfig: Path) -> ApiClient:
@@ -480,9 +493,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{field}: {path if path is not None else '(none)'}")
         elif args.command == "up":
             running = cluster.running_components()
-            if running:
+            if {"etcd", "kube-apiserver"} <= set(running):
                 log.info("already running (%s)", ", ".join(running))
             else:
+                cluster.stop()  # whatever survived of a broken earlier cluster
                 cluster.start(find_binaries(), detach=True)
             print(f"export KUBECONFIG={cluster.kubeconfig}")
         elif args.command == "down":

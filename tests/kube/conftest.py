@@ -63,7 +63,7 @@ def namespace(kube_cluster: Cluster) -> Iterator[str]:
         if kube_cluster.has_controller_manager:
             cluster_module.wait_for(
                 f"the default ServiceAccount in namespace {name} (made by kube-controller-manager)",
-                lambda: _find_serviceaccount(core, name, "default"),
+                lambda: kube_cluster.check_alive() or _find_serviceaccount(core, name, "default"),
                 DEFAULT_SERVICEACCOUNT_TIMEOUT_S,
             )
         try:
