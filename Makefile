@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c "import torch, kopf, multiworld, multiworld_operator" && touch $@
 
 demo: $(STAMP)
-	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --kill w1:1 --after 4 --duration 20
+	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --kill w1:1 --after 5 --duration 30
 
 # pytest exit code 5 means "no tests collected": not a failure of the build.
 test: $(STAMP) kube-binaries

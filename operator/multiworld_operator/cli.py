@@ -35,9 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--kill", action="append", default=[], metavar="MEMBER[:ORDINAL]",
                      help="SIGKILL a member's pod (repeatable, paired in order with --after)")
     run.add_argument("--after", action="append", default=[], type=_non_negative, metavar="SECONDS",
-                     help="when the matching --kill happens, in seconds after start")
+                     help="when the matching --kill happens: seconds after every world first ran")
     run.add_argument("--chaos", type=_non_negative, default=0.0, metavar="KILLS_PER_MINUTE",
-                     help="kill random members at this average rate")
+                     help="kill random members at this average rate, once every world ran")
     run.add_argument("--seed", type=int, help="random seed for --chaos and random ordinals")
     run.add_argument("--log-dir", type=Path, help="where each member's output goes (default: a temp dir)")
     run.add_argument("--workdir", type=Path, help="working directory of the members (default: found from the command)")

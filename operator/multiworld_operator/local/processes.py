@@ -110,6 +110,7 @@ class MemberProcess:
 
     async def stop(self, grace: float) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds; always reaps the group."""
+        self.killed_by_runner = True
         if self.proc.returncode is None:
             self.signal(signal.SIGTERM)
             try:

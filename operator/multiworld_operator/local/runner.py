@@ -88,6 +88,7 @@ class LocalRunner:
         self.trackers = {w.name: WorldTracker() for w in multiworld.spec.worlds}
         self.changed = asyncio.Event()
         self.stopping = False
+        self.up_since: float | None = None
         self.backends: dict[str, Backend] = {}
         cuda = cuda_available()
         for world in multiworld.spec.worlds:
@@ -217,7 +218,12 @@ class LocalRunner:
                 elapsed = time.monotonic() - started
                 if self.duration is not None and elapsed >= self.duration:
                     break
-                for kill in self.faults.due(elapsed):
+                # Faults are timed from when every world first ran: a kill during start-up
+                # would only test the rendezvous.
+                if self.up_since is None and self.status is not None and self.status.phase == "Running":
+                    self.up_since = time.monotonic()
+                fault_clock = time.monotonic() - self.up_since if self.up_since is not None else -1.0
+                for kill in self.faults.due(fault_clock):
                     self._inject(kill)
                 self.changed.clear()
                 result = plan(self.mw, self.status, self._observe(), endpoint=endpoint,
@@ -232,7 +238,7 @@ class LocalRunner:
                     break
                 next_fault = self.faults.next_at()
                 timeout = min(IDLE_TICK_S, result.requeue_after or IDLE_TICK_S,
-                              IDLE_TICK_S if next_fault is None else next_fault - elapsed)
+                              IDLE_TICK_S if next_fault is None or fault_clock < 0 else next_fault - fault_clock)
                 if self.duration is not None:
                     timeout = min(timeout, self.duration - elapsed)
                 with contextlib.suppress(asyncio.TimeoutError):
