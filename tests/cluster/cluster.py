@@ -396,6 +396,8 @@ class Cluster:
                 self._terminate(name, pid, timeout)
             (self.directory / f"{name}.pid").unlink(missing_ok=True)
         self._processes.clear()
+        # etcd preallocates 64 MB of WAL; a stopped cluster's data is never reused. Logs stay.
+        shutil.rmtree(self.directory / "etcd-data", ignore_errors=True)
 
     def _terminate(self, name: str, pid: int, timeout: float) -> None:
         os.kill(pid, signal.SIGTERM)
