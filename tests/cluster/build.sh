@@ -119,7 +119,7 @@ ensure_kube_binaries() {
   progress "downloading and unpacking the kubernetes source package"
   fetch_source
   replace_vendored_json_libraries
-  progress "compiling (about 5 minutes on 2 cores)"
+  progress "compiling (5 to 10 minutes on 2 cores; about 12 CPU-minutes)"
   local started=$SECONDS
   compile
   install_binaries
