@@ -30,6 +30,14 @@ crd: $(STAMP)
 clean:
 	rm -rf $(VENV) .cluster .pytest_cache
 
-# The test control plane (etcd, kube-apiserver, kube-controller-manager), cached under ~/.cache.
+# The test control plane (etcd, kube-apiserver, kube-controller-manager): KUBEBUILDER_ASSETS /
+# TEST_ASSET_* when set, otherwise built once into ~/.cache/multiworld/ (5-10 minutes on 2 cores).
 kube-binaries:
-	@bash tests/cluster/build.sh
+	@$(PYTHON) tests/cluster/cluster.py binaries >/dev/null
+
+# A local control plane in .cluster/ for trying the operator: eval "$$(make -s cluster)"
+cluster: kube-binaries
+	@$(PYTHON) tests/cluster/cluster.py up
+
+cluster-down:
+	@$(PYTHON) tests/cluster/cluster.py down
