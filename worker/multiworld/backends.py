@@ -38,8 +38,8 @@ _nccl_abort_lock = threading.Lock()
 
 class Driver(Protocol):
     name: str
-    # gloo send/recv works have no future: they need a waiter thread.
-    p2p_has_future: bool
+    # Ops whose works have no future and no usable timed wait: a waiter thread waits for them.
+    waited_ops: frozenset[str]
     # Where tensors must live (None: anywhere the backend accepts).
     device: torch.device | None
 
@@ -65,7 +65,9 @@ def _register(pg: ProcessGroup, device: torch.device, kind: ProcessGroup.Backend
 
 class GlooDriver:
     name = "gloo"
-    p2p_has_future = False
+    # send/recv: no future, and a timed-out wait closes the pair; reduce_scatter: no future,
+    # and its wait ignores the timeout.
+    waited_ops = frozenset({"send", "recv", "reduce_scatter"})
     device = None
 
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup:
@@ -158,7 +160,7 @@ def _watch_nccl(world: World, op: str, fut: Any) -> None:
 
 class NcclDriver:
     name = "nccl"
-    p2p_has_future = True
+    waited_ops: frozenset[str] = frozenset()
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # How long close() waits for communicators to be released before it returns anyway.
-_CLOSE_GRACE = 2.0
+_CLOSE_GRACE = 1.0
 
 
 class _Join:
@@ -388,13 +388,16 @@ class WorldManager:
                 world._close("closed", release=False)
             release_in_background(worlds)
             for world in worlds:
-                world.wait_released(max(0.0, deadline - time.monotonic()))
+                # A release still running a grace after its break is stuck on a silent peer:
+                # not worth waiting for (its daemon thread stays blocked until the process ends).
+                world.wait_released(max(0.0, min(deadline - time.monotonic(), _CLOSE_GRACE - world.broken_for)))
         # Threads still inside torch calls at interpreter exit would abort the process.
         for join in joins:
             join.done.wait(max(0.0, deadline - time.monotonic()))
         self._changed()
         self._channel.close()
         _open_managers.discard(self)
+        log.debug("closed in %.2fs", _CLOSE_GRACE - (deadline - time.monotonic()))
 
 
 def _assignment(value: WorldAssignment | Mapping[str, Any]) -> WorldAssignment:

@@ -30,7 +30,7 @@ from torch._C._distributed_c10d import ReduceOp as TorchReduceOp
 from multiworld.detect import short
 from multiworld.errors import UnsupportedOpError, WorldBrokenError
 from multiworld.reduce_op import ReduceOp
-from multiworld.work import P2PWaiters, Work
+from multiworld.work import Waiters, Work
 
 if TYPE_CHECKING:
     from multiworld.backends import Driver
@@ -77,7 +77,7 @@ class Collectives:
     _error: WorldBrokenError | None
     _pending: set[Work]
     _driver: Driver
-    _waiters: P2PWaiters | None
+    _waiters: Waiters | None
     _slice: timedelta
     _options: dict[tuple[object, ...], Any]
 
@@ -168,7 +168,16 @@ class Collectives:
             self._pending.add(work)
             return torch_work, work
 
-    def _collective(self, op: str, call: Callable[[ProcessGroup], Any], async_op: bool) -> Work | None:
+    def _run(self, op: str, call: Callable[[ProcessGroup], Any], async_op: bool) -> Work | None:
+        if op in self._driver.waited_ops:
+            assert self._waiters is not None
+            _, work = self._start(op, call, track=True)
+            assert work is not None
+            self._waiters.submit(work)
+            if async_op:
+                return work
+            work.wait()
+            return None
         torch_work, work = self._start(op, call, track=async_op)
         if work is None:
             self._driver.wait(self, op, torch_work)  # type: ignore[arg-type]
@@ -176,31 +185,19 @@ class Collectives:
         torch_work.get_future().add_done_callback(work._on_future)
         return work
 
-    def _p2p(self, op: str, call: Callable[[ProcessGroup], Any], async_op: bool) -> Work | None:
-        waiters = self._waiters
-        if waiters is None:
-            return self._collective(op, call, async_op)
-        _, work = self._start(op, call, track=True)
-        assert work is not None
-        waiters.submit(work)
-        if async_op:
-            return work
-        work.wait()
-        return None
-
     # -- point to point ----------------------------------------------------------------
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0, async_op: bool = False) -> Work | None:
         """Send `tensor` to rank `dst` of this world."""
         _check_tensor("tensor", tensor, self._driver.device)
         self._check_rank("dst", dst, peer=True)
-        return self._p2p("send", lambda pg: pg.send([tensor], dst, tag), async_op)
+        return self._run("send", lambda pg: pg.send([tensor], dst, tag), async_op)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0, async_op: bool = False) -> Work | None:
         """Receive into `tensor` from rank `src` of this world."""
         _check_tensor("tensor", tensor, self._driver.device)
         self._check_rank("src", src, peer=True)
-        return self._p2p("recv", lambda pg: pg.recv([tensor], src, tag), async_op)
+        return self._run("recv", lambda pg: pg.recv([tensor], src, tag), async_op)
 
     # -- collectives -------------------------------------------------------------------
 
@@ -208,12 +205,12 @@ class Collectives:
         _check_tensor("tensor", tensor, self._driver.device)
         self._check_rank("src", src)
         options = self._rooted_opts("broadcast", BroadcastOptions, src)
-        return self._collective("broadcast", lambda pg: pg.broadcast([tensor], options), async_op)
+        return self._run("broadcast", lambda pg: pg.broadcast([tensor], options), async_op)
 
     def all_reduce(self, tensor: torch.Tensor, op: AnyReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work | None:
         _check_tensor("tensor", tensor, self._driver.device)
         options = self._reduce_opts("all_reduce", AllreduceOptions, op)
-        return self._collective("all_reduce", lambda pg: pg.allreduce([tensor], options), async_op)
+        return self._run("all_reduce", lambda pg: pg.allreduce([tensor], options), async_op)
 
     def reduce(
         self, tensor: torch.Tensor, dst: int, op: AnyReduceOp = ReduceOp.SUM, async_op: bool = False
@@ -222,13 +219,13 @@ class Collectives:
         _check_tensor("tensor", tensor, self._driver.device)
         self._check_rank("dst", dst)
         options = self._reduce_opts("reduce", ReduceOptions, op, root=dst)
-        return self._collective("reduce", lambda pg: pg.reduce([tensor], options), async_op)
+        return self._run("reduce", lambda pg: pg.reduce([tensor], options), async_op)
 
     def all_gather(self, tensor_list: Sequence[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
         _check_tensor("tensor", tensor, self._driver.device)
         outputs = self._check_list("tensor_list", tensor_list, tensor, "tensor")
         options = self._cached(("all_gather",), AllgatherOptions)
-        return self._collective("all_gather", lambda pg: pg.allgather([outputs], [tensor], options), async_op)
+        return self._run("all_gather", lambda pg: pg.allgather([outputs], [tensor], options), async_op)
 
     def gather(
         self,
@@ -241,7 +238,7 @@ class Collectives:
         self._check_rank("dst", dst)
         outputs = self._root_list("gather_list", gather_list, tensor, "dst", dst)
         options = self._rooted_opts("gather", GatherOptions, dst)
-        return self._collective("gather", lambda pg: pg.gather(outputs, [tensor], options), async_op)
+        return self._run("gather", lambda pg: pg.gather(outputs, [tensor], options), async_op)
 
     def scatter(
         self,
@@ -254,7 +251,7 @@ class Collectives:
         self._check_rank("src", src)
         inputs = self._root_list("scatter_list", scatter_list, tensor, "src", src)
         options = self._rooted_opts("scatter", ScatterOptions, src)
-        return self._collective("scatter", lambda pg: pg.scatter([tensor], inputs, options), async_op)
+        return self._run("scatter", lambda pg: pg.scatter([tensor], inputs, options), async_op)
 
     def reduce_scatter(
         self,
@@ -266,7 +263,7 @@ class Collectives:
         _check_tensor("output", output, self._driver.device)
         inputs = self._check_list("input_list", input_list, output, "output")
         options = self._reduce_opts("reduce_scatter", ReduceScatterOptions, op)
-        return self._collective("reduce_scatter", lambda pg: pg.reduce_scatter([output], [inputs], options), async_op)
+        return self._run("reduce_scatter", lambda pg: pg.reduce_scatter([output], [inputs], options), async_op)
 
     def all_to_all(
         self,
@@ -283,8 +280,8 @@ class Collectives:
                     f"output_tensor_list[{i}] has dtype {out.dtype}, but input_tensor_list[{i}] has {inp.dtype}"
                 )
         options = self._cached(("all_to_all",), AllToAllOptions)
-        return self._collective("all_to_all", lambda pg: pg.alltoall(outputs, inputs, options), async_op)
+        return self._run("all_to_all", lambda pg: pg.alltoall(outputs, inputs, options), async_op)
 
     def barrier(self, async_op: bool = False) -> Work | None:
         options = self._cached(("barrier",), self._driver.barrier_options)
-        return self._collective("barrier", lambda pg: pg.barrier(options), async_op)
+        return self._run("barrier", lambda pg: pg.barrier(options), async_op)

@@ -1,4 +1,4 @@
-"""Ops in flight: the awaitable `Work`, and the waiter threads gloo point-to-point needs.
+"""Ops in flight: the awaitable `Work`, and the waiter threads for works without a future.
 
 No torch import: a `Work` only calls methods of the torch objects it is given.
 """
@@ -115,12 +115,13 @@ class Work:
         self._settle(None)
 
 
-class P2PWaiters:
-    """Daemon threads that call `wait()` on gloo send/recv works, which offer no future.
+class Waiters:
+    """Daemon threads that call `wait()` on works that offer no future (gloo send, recv and
+    reduce_scatter).
 
     A thread is reused when idle and a new one starts only when all are busy, so unrelated
-    sends and receives never wait on each other. Daemon threads, so a wait stuck on a silent
-    peer never holds up process exit.
+    ops never wait on each other. Daemon threads, so a wait stuck on a silent peer never holds
+    up process exit.
     """
 
     def __init__(self, world: str) -> None:
@@ -140,7 +141,7 @@ class P2PWaiters:
             else:
                 self._threads += 1
                 threading.Thread(
-                    target=self._serve, name=f"mw-p2p-{self._world}-{self._threads}", daemon=True
+                    target=self._serve, name=f"mw-wait-{self._world}-{self._threads}", daemon=True
                 ).start()
         self._queue.put(work)
 

@@ -19,7 +19,7 @@ from multiworld.detect import DetectConfig, Heartbeat, Verdict, short
 from multiworld.errors import WorldBrokenError
 from multiworld.ops import Collectives
 from multiworld.rendezvous import Rendezvous
-from multiworld.work import P2PWaiters, Work
+from multiworld.work import Waiters, Work
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,10 @@ class World(Collectives):
         self._pending: set[Work] = set()
         self._options: dict[tuple[object, ...], Any] = {}
         self._slice = timedelta(seconds=config.heartbeat_interval)
-        self._waiters = None if driver.p2p_has_future else P2PWaiters(self.name)
+        self._waiters = Waiters(self.name) if driver.waited_ops else None
         self._on_broken = on_broken
         self._released = threading.Event()
+        self._broken_at: float | None = None
         self._heartbeat = Heartbeat(
             world=self.name,
             epoch=self.epoch,
@@ -85,6 +86,11 @@ class World(Collectives):
     def released(self) -> bool:
         """True once the communicator is aborted and dropped."""
         return self._released.is_set()
+
+    @property
+    def broken_for(self) -> float:
+        """Seconds since the world broke (0 while healthy)."""
+        return 0.0 if self._broken_at is None else time.monotonic() - self._broken_at
 
     def wait_released(self, timeout: float | None = None) -> bool:
         """Wait until the communicator is dropped and the heartbeat thread has ended.
@@ -132,6 +138,7 @@ class World(Collectives):
             if self._error is not None:
                 return self._error
             error = self._error = WorldBrokenError(self.name, self.epoch, reason, peer_rank)
+            self._broken_at = time.monotonic()
             pending, self._pending = self._pending, set()
         (log.warning if report else log.info)("%s", error)
         for work in pending:
@@ -205,11 +212,10 @@ def _release(worlds: list[World]) -> None:
     # holder is the one that runs its destructor.
     held: list[tuple[World, list[ProcessGroup]]] = []
     for world in worlds:
+        # None: an earlier release took it, and that one sets `_released` when done.
         holder = [pg for pg in (world._take_pg(),) if pg is not None]
         if holder:
             held.append((world, holder))
-        else:
-            world._released.set()
     # One abort call per backend and device, so NCCL communicators are aborted as one group.
     groups: dict[tuple[str, str], list[tuple[World, list[ProcessGroup]]]] = {}
     for world, holder in held:
