@@ -44,13 +44,30 @@ def default_backend() -> str:
 
 
 def device_for(backend: str, rank: int) -> torch.device:
+    """The device of rank `rank`'s tensors: its own GPU (ranks share GPUs round-robin) for nccl."""
     if backend == "nccl":
         return torch.device("cuda", rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 
+# This process's GPU for its nccl worlds: CUDA devices are per process, so it is chosen once,
+# before any world is joined, and handed to the WorldManager.
+_cuda_device: torch.device | None = None
+
+
+def choose_cuda_device(backends: Sequence[str], rank_hint: int) -> torch.device | None:
+    """cuda:LOCAL_RANK (else cuda:`rank_hint`) when any world of the process uses nccl."""
+    global _cuda_device
+    if "nccl" in backends:
+        _cuda_device = device_for("nccl", int(os.environ.get("LOCAL_RANK", rank_hint)))
+    return _cuda_device
+
+
 def world_device(world: World) -> torch.device:
-    return device_for(world.backend, world.rank)
+    if world.backend == "nccl":
+        assert _cuda_device is not None, "choose_cuda_device() runs before any world is joined"
+        return _cuda_device
+    return torch.device("cpu")
 
 
 def example_tensor(world: str, rank: int, step: int, device: torch.device) -> torch.Tensor:
@@ -126,6 +143,8 @@ def build_parser(description: str | None) -> argparse.ArgumentParser:
 
 
 def assignments_from_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[WorldAssignment]:
+    if args.backend == "nccl" and not torch.cuda.is_available():
+        parser.error("--backend nccl: no CUDA device here; use --backend gloo")
     indices = [index for index, _ in args.worldinfo]
     if len(set(indices)) != len(indices):
         parser.error(f"--worldinfo: a world index appears twice in {indices}")
@@ -148,9 +167,13 @@ def assignments_from_flags(args: argparse.Namespace, parser: argparse.ArgumentPa
 class WorldSource:
     """Worlds given once by `--worldinfo`: joined at start, dropped when they break."""
 
+    # How long closing waits for a left world's communicator to be released.
+    RELEASE_GRACE = 2.0
+
     def __init__(self, manager: WorldManager, assignments: Sequence[WorldAssignment]) -> None:
         self.manager = manager
         self._assignments = {a.name: a for a in assignments}
+        self._left: list[World] = []
 
     def names(self) -> list[str]:
         return list(self._assignments)
@@ -162,23 +185,45 @@ class WorldSource:
         """The world to go on with after `epoch` broke, or None to stop using it."""
         return None
 
+    def finished(self, name: str) -> None:
+        """Every step is done: release the world now rather than at exit, so that the peers
+        leaving it are no news to a process still busy in its other worlds."""
+        self._left.append(self.manager.world(name))
+        self.manager.leave(name)
+
+    def close(self) -> None:
+        self.manager.close()
+        # The manager releases a left world on a background thread; exiting before that thread
+        # is done tears torch down under it (the process aborts).
+        for world in self._left:
+            world.wait_released(self.RELEASE_GRACE)
+
 
 class LiveWorldSource(WorldSource):
     """Worlds of the contract environment, following the live table: a broken world is taken
     up again at its next epoch; a world whose table entry is removed ends."""
 
+    # wait_world() goes on waiting for a world that left the table, so the wait looks up, this
+    # often, whether the manager still has the world at all.
+    REMOVAL_CHECK = 1.0
+
     async def first(self, name: str) -> World | None:
-        return await self._wait(name, None)
+        return await self.manager.wait_world(name)
 
     async def after_break(self, name: str, epoch: int) -> World | None:
-        return await self._wait(name, epoch)
+        while True:
+            try:
+                return await self.manager.wait_world(name, newer_than=epoch, timeout=self.REMOVAL_CHECK)
+            except TimeoutError:
+                pass
+            try:
+                self.manager.world(name)  # the broken incarnation stays until a newer one or removal
+            except mw.UnknownWorldError:
+                say(f"{name} ended: removed from the world table")
+                return None
 
-    async def _wait(self, name: str, newer_than: int | None) -> World | None:
-        try:
-            return await self.manager.wait_world(name, newer_than=newer_than)
-        except mw.UnknownWorldError:
-            say(f"{name} ended: removed from the world table")
-            return None
+    def finished(self, name: str) -> None:
+        """Held until exit: the table decides membership, and would join a left world again."""
 
 
 def source_from_env(parser: argparse.ArgumentParser) -> WorldSource:
@@ -186,10 +231,19 @@ def source_from_env(parser: argparse.ArgumentParser) -> WorldSource:
         env = WorkerEnv.from_env(os.environ)
     except ValueError as exc:
         parser.error(f"no --worldinfo given, and the MultiWorld environment is unusable: {exc}")
-    manager = mw.init_from_env()
+    device = choose_cuda_device([a.backend for a in env.worlds], rank_hint=0)
+    manager = mw.init_from_env(device=device)
     # Without a table channel the start-up worlds are final: nothing would ever rebuild them.
     source_type = LiveWorldSource if env.table else WorldSource
     return source_type(manager, env.worlds)
+
+
+def source_from_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> WorldSource:
+    assignments = assignments_from_flags(args, parser)
+    # As in the seed, rank R of every world uses GPU R.
+    device = choose_cuda_device([args.backend], rank_hint=assignments[0].rank)
+    manager = WorldManager(pod=f"{os.uname().nodename}-{os.getpid()}", device=device)
+    return WorldSource(manager, assignments)
 
 
 # ---- the step loop -----------------------------------------------------------------------
@@ -206,7 +260,7 @@ async def drive_world(source: WorldSource, name: str, step: StepFn, steps: int, 
     world when the source has one."""
     try:
         world = await source.first(name)
-    except Exception as exc:  # a failed rendezvous ends this world only
+    except mw.MultiWorldError as exc:  # a failed rendezvous ends this world only
         say(f"{name} failed to join: {exc}")
         return Outcome.BROKEN
     if world is None:
@@ -227,6 +281,12 @@ async def drive_world(source: WorldSource, name: str, step: StepFn, steps: int, 
         number += 1
         if number <= steps:
             await asyncio.sleep(interval)
+    try:
+        # Nobody leaves while a peer may still need it to finish the last step.
+        await world.barrier(async_op=True)
+    except WorldBrokenError:
+        pass  # a peer already gone after its last step: the steps are done all the same
+    source.finished(name)
     return Outcome.FINISHED
 
 
@@ -236,7 +296,7 @@ async def _run(source: WorldSource, step: StepFn, steps: int, interval: float) -
             *(drive_world(source, name, step, steps, interval) for name in source.names())
         )
     finally:
-        source.manager.close()
+        source.close()
     if outcomes and all(o is Outcome.BROKEN for o in outcomes):
         say("every world broke: exiting with status 1")
         return 1
@@ -248,11 +308,7 @@ def run_example(step: StepFn, description: str | None = None, argv: Sequence[str
     parser = build_parser(description)
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("MULTIWORLD_LOG_LEVEL", "WARNING").upper())
-    if args.worldinfo:
-        source = WorldSource(WorldManager(pod=f"{os.uname().nodename}-{os.getpid()}"),
-                             assignments_from_flags(args, parser))
-    else:
-        source = source_from_env(parser)
+    source = source_from_flags(args, parser) if args.worldinfo else source_from_env(parser)
     return asyncio.run(_run(source, step, args.steps, args.interval))
 
 

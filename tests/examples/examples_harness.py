@@ -1,0 +1,146 @@
+"""Runs the example programs as real processes and reads what they print."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+# Generous bounds: the machine is small and shared; these only turn a hang into a failure.
+START_TIMEOUT = 120.0
+EXIT_TIMEOUT = 120.0
+
+# The seed topology: the leader is rank 0 of world1 and world2, four workers fill ranks 1-2.
+SEED_TOPOLOGY: dict[str, list[tuple[int, int]]] = {
+    "leader": [(1, 0), (2, 0)],
+    "w1-0": [(1, 1)],
+    "w1-1": [(1, 2)],
+    "w2-0": [(2, 1)],
+    "w2-1": [(2, 2)],
+}
+
+
+def load_common() -> ModuleType:
+    """The examples' shared module, loaded from its file (the examples are no package)."""
+    spec = importlib.util.spec_from_file_location("examples_common", EXAMPLES / "common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_base_port(worlds: int = 2) -> int:
+    """A base port whose next `worlds` ports (and itself) are free now."""
+    for _ in range(200):
+        base = random.randint(20000, 60000)
+        if all(_bindable(base + i) for i in range(worlds + 1)):
+            return base
+    raise RuntimeError("no free port range found")
+
+
+class ExampleProcess:
+    """One example process; a thread collects its output lines (stdout and stderr merged)."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv],
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for_line(self, line: str, timeout: float = START_TIMEOUT) -> None:
+        """Until the process printed exactly `line`."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while line not in self.lines:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"{self.name} never printed {line!r}:\n{self.output()}")
+                self._changed.wait(min(remaining, 0.5))
+
+    def wait(self, timeout: float = EXIT_TIMEOUT) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} did not exit within {timeout} s:\n{self.output()}") from None
+        self._reader.join(timeout)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+
+    def output(self) -> str:
+        with self._changed:
+            return "\n".join(self.lines)
+
+
+def worldinfo_args(worlds: Iterable[tuple[int, int]]) -> list[str]:
+    return [arg for index, rank in worlds for arg in ("--worldinfo", f"{index},{rank}")]
+
+
+def example_script(example: str) -> str:
+    return str(EXAMPLES / example / "main.py")
+
+
+def start_seed_topology(example: str, flags: Sequence[str]) -> dict[str, ExampleProcess]:
+    """The five processes of the seed topology, each given its --worldinfo and `flags`."""
+    script = example_script(example)
+    return {
+        name: ExampleProcess(name, [script, *worldinfo_args(worlds), *flags])
+        for name, worlds in SEED_TOPOLOGY.items()
+    }
+
+
+def stop_all(processes: Iterable[ExampleProcess]) -> None:
+    for process in processes:
+        process.kill()
+    for process in processes:
+        process.proc.wait()
+
+
+def finish(processes: dict[str, ExampleProcess]) -> dict[str, int]:
+    """Every process's exit code, once all exited; on a failure (a hang) the rest are killed."""
+    try:
+        return {name: process.wait() for name, process in processes.items()}
+    finally:
+        stop_all(processes.values())

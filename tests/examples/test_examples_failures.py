@@ -1,0 +1,90 @@
+"""What a dead process costs. MultiWorld (the seed's all_gather failure case): only its world.
+Plain torch.distributed (single_world): everyone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+from examples_harness import (
+    EXIT_TIMEOUT,
+    ExampleProcess,
+    example_script,
+    finish,
+    free_base_port,
+    start_seed_topology,
+)
+
+STEPS = 10
+KILL_AFTER_STEP = 3
+
+
+def broke_lines(process: ExampleProcess, world: str) -> list[str]:
+    return [line for line in process.lines if line.startswith(f"{world} broke: ")]
+
+
+def test_killing_a_world1_rank_leaves_world2_untouched() -> None:
+    flags = ["--backend", "gloo", "--port", str(free_base_port()), "--steps", str(STEPS), "--interval", "0.2"]
+    processes = start_seed_topology("all_gather", flags)
+    victim = processes["w1-1"]  # world1, rank 2
+    try:
+        victim.wait_for_line(f"done with step: {KILL_AFTER_STEP}")
+        victim.kill()
+    finally:
+        codes = finish(processes)
+    outputs = {name: process.output() for name, process in processes.items()}
+
+    leader = processes["leader"]
+    # The leader finished every world2 step, said once that world1 broke, and exited 0.
+    assert codes["leader"] == 0, outputs
+    assert len(broke_lines(leader, "world1")) == 1, outputs["leader"]
+    assert not broke_lines(leader, "world2"), outputs["leader"]
+    world2_done = [line for line in leader.lines if line.startswith("rank: 0 from world2 has gathered")]
+    assert len(world2_done) == STEPS, outputs["leader"]
+    assert f"done with step: {STEPS}" in leader.lines, outputs["leader"]
+    world1_done = [line for line in leader.lines if line.startswith("rank: 0 from world1 has gathered")]
+    assert KILL_AFTER_STEP <= len(world1_done) < STEPS, outputs["leader"]
+
+    # world1's surviving rank saw the break and stopped, with the status of a process whose
+    # every world broke.
+    survivor = processes["w1-0"]
+    assert len(broke_lines(survivor, "world1")) == 1, outputs["w1-0"]
+    assert codes["w1-0"] == 1, outputs["w1-0"]
+    assert f"done with step: {STEPS}" not in survivor.lines, outputs["w1-0"]
+
+    # world2's ranks never noticed.
+    for name in ("w2-0", "w2-1"):
+        assert codes[name] == 0, outputs[name]
+        assert f"done with step: {STEPS}" in processes[name].lines, outputs[name]
+        assert not [line for line in processes[name].lines if "broke" in line], outputs[name]
+
+
+def test_single_world_one_death_takes_everyone_down() -> None:
+    argv = [example_script("single_world"), "--backend", "gloo", "--worldsize", "3",
+            "--port", str(free_base_port(0)), "--steps", "1000", "--interval", "0.1", "--timeout", "20"]
+    parent = ExampleProcess("single_world", argv)
+    pids: dict[int, int] = {}
+    try:
+        parent.wait_for_line(f"done with step: {KILL_AFTER_STEP}")
+        for line in parent.lines:
+            if match := re.fullmatch(r"rank: (\d+) runs as pid (\d+)", line):
+                pids[int(match.group(1))] = int(match.group(2))
+        assert sorted(pids) == [0, 1, 2], parent.output()
+        os.kill(pids[2], signal.SIGKILL)
+        code = parent.wait(EXIT_TIMEOUT)
+    finally:
+        for pid in [parent.proc.pid, *pids.values()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        parent.proc.wait()
+    # The survivors did not carry on without rank 2: each lost the world and exited non-zero.
+    assert code != 0, parent.output()
+    for rank in (0, 1):
+        assert any(line.startswith(f"rank: {rank} lost the world: ") for line in parent.lines), parent.output()
+    assert "done with step: 1000" not in parent.lines, parent.output()
+    codes_line = next(line for line in parent.lines if line.startswith("exit codes by rank: "))
+    assert all(code != 0 for code in json.loads(codes_line.removeprefix("exit codes by rank: "))), codes_line
