@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workdir", type=Path, help="working directory of the members (default: found from the command)")
     run.add_argument("--json", action="store_true", help="end with the summary as one JSON line")
     run.add_argument("--no-view", action="store_true", help="no live view; log state changes instead")
+    run.add_argument("--spares", type=int, default=2, metavar="N",
+                     help="warm spare processes (torch already imported) that replace dead members (0: none)")
 
     op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")

@@ -7,6 +7,8 @@ it spawned: `multiworld run` leaves no orphan behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
 import shlex
@@ -79,21 +81,26 @@ class MemberProcess:
 
     @classmethod
     async def start(
-        cls, pod: str, argv: list[str], env: Mapping[str, str], workdir: Path, log_dir: Path
+        cls, pod: str, argv: list[str], env: Mapping[str, str], workdir: Path, log_dir: Path,
+        spares: SparePool | None = None,
     ) -> MemberProcess:
         log_path = log_dir / f"{pod}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        spare = spares.take() if spares is not None and is_python_script(argv) else None
         with open(log_path, "ab") as out:
-            out.write(f"--- start {shlex.join(argv)}\n".encode())
+            out.write(f"--- start {shlex.join(argv)}{' (warm spare)' if spare else ''}\n".encode())
             out.flush()
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=workdir,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+            if spare is not None:
+                order = {"argv": argv, "env": full_env, "cwd": str(workdir), "log": str(log_path)}
+                assert spare.stdin is not None
+                spare.stdin.write(json.dumps(order).encode() + b"\n")
+                await spare.stdin.drain()
+                proc = spare
+            else:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv, cwd=workdir, env=full_env, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                )
         log.debug("started %s pid=%d", pod, proc.pid)
         return cls(pod, proc, log_path)
 
@@ -122,8 +129,70 @@ class MemberProcess:
 
     def group_alive(self) -> bool:
         """Whether any process of this member's group still exists (an orphan, after stop)."""
+        return group_alive(self.proc.pid)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def is_python_script(argv: list[str]) -> bool:
+    """`<this python> script.py ...`: what a warm spare can become."""
+    return len(argv) >= 2 and argv[0] == sys.executable and argv[1].endswith(".py")
+
+
+class SparePool:
+    """A few warm spares (see `spare.py`), refilled in the background as they are taken."""
+
+    def __init__(self, size: int, log_dir: Path) -> None:
+        self._size = size
+        self._log = log_dir / "spares.log"
+        self._ready: list[asyncio.subprocess.Process] = []
+        self._starting = 0
+        self._all: list[asyncio.subprocess.Process] = []
+        self._taken: set[int] = set()
+
+    def fill(self) -> None:
+        while len(self._ready) + self._starting < self._size:
+            self._starting += 1
+            asyncio.get_running_loop().create_task(self._start_one())
+
+    async def _start_one(self) -> None:
         try:
-            os.killpg(self.proc.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
+            with open(self._log, "ab") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "multiworld_operator.local.spare",
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True,
+                )
+            self._all.append(proc)
+            assert proc.stdout is not None
+            if await proc.stdout.readline() == b"ready\n":
+                self._ready.append(proc)
+        finally:
+            self._starting -= 1
+
+    def take(self) -> asyncio.subprocess.Process | None:
+        while self._ready:
+            proc = self._ready.pop(0)
+            if proc.returncode is None:
+                self._taken.add(proc.pid)
+                self.fill()
+                return proc
+        return None
+
+    async def close(self) -> list[int]:
+        """Stop the spares nobody took (taken ones are members, stopped as such); returns
+        their process group ids so the caller can check none outlived this."""
+        self._size = 0
+        idle = [p for p in self._all if p.pid not in self._taken]
+        for proc in idle:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        self._ready.clear()
+        return [p.pid for p in idle]

@@ -31,7 +31,7 @@ from ..planner import CreatePod, DeletePod, EmitEvent, MultiWorldStatus, Observa
 from ..spec import MultiWorld, SpecError, load_manifest
 from .channel_server import ChannelServer
 from .faults import FaultSchedule, Kill, planned_kills
-from .processes import MemberProcess, TemplateError, container_command, find_workdir
+from .processes import MemberProcess, SparePool, TemplateError, container_command, find_workdir, group_alive, is_python_script
 from .summary import RunSummary, WorldTracker
 from .view import LiveView, WorldRow
 
@@ -65,6 +65,7 @@ class LocalRunner:
         log_dir: Path | None = None,
         workdir: Path | None = None,
         view: LiveView | None = None,
+        spares: int = 2,
     ) -> None:
         self.mw = multiworld
         self.duration = duration
@@ -78,6 +79,9 @@ class LocalRunner:
         self.workdir = workdir or find_workdir(
             next(iter(self.commands.values()))[0], [Path.cwd(), manifest_dir, *manifest_dir.parents]
         )
+        # Warm spares replace dead members without an interpreter start or a torch import.
+        uses_spares = spares > 0 and any(is_python_script(argv) for argv, _ in self.commands.values())
+        self.spares = SparePool(spares, self.log_dir) if uses_spares else None
         self.procs: dict[str, MemberProcess] = {}
         self.created_for: dict[str, dict[str, int]] = {}
         self.joined: dict[str, dict[str, int]] = {}
@@ -154,7 +158,7 @@ class LocalRunner:
             return
         argv, env = self.commands[action.member]
         env = {**env, **action.worker_env(self.table_url).to_env()}
-        proc = await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir)
+        proc = await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir, self.spares)
         self.procs[action.pod] = proc
         self.created_for[action.pod] = dict(action.created_for)
         self.joined[action.pod] = {}
@@ -222,6 +226,8 @@ class LocalRunner:
                 # would only test the rendezvous.
                 if self.up_since is None and self.status is not None and self.status.phase == "Running":
                     self.up_since = time.monotonic()
+                    if self.spares is not None:
+                        self.spares.fill()  # now, not during start-up, which they would slow
                 fault_clock = time.monotonic() - self.up_since if self.up_since is not None else -1.0
                 for kill in self.faults.due(fault_clock):
                     self._inject(kill)
@@ -259,8 +265,9 @@ class LocalRunner:
         await asyncio.gather(*(p.stop(STOP_GRACE_S) for p in procs))
         for pod in list(self.procs):
             self._retire(pod)
+        spare_groups = await self.spares.close() if self.spares is not None else []
         await self.server.close()
-        return sum(p.group_alive() for p in procs)
+        return sum(p.group_alive() for p in procs) + sum(map(group_alive, spare_groups))
 
     def summary(self, orphans: int) -> RunSummary:
         worlds = {}
@@ -289,6 +296,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         return _fail(f"FILE: {args.file} does not exist")
     try:
         mw = load_manifest(args.file)
+        if args.spares < 0:
+            raise ValueError(f"--spares must be >= 0, got {args.spares}")
         kills = planned_kills(args.kill, args.after)
         for kill in kills:
             pods = mw.pods_of(kill.member) if kill.member in {m.name for m in mw.spec.members} else None
@@ -299,7 +308,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         view = LiveView(f"multiworld run {mw.name}", live=False if args.no_view else None)
         runner = LocalRunner(mw, manifest_dir=args.file.resolve().parent, kills=kills, chaos_per_minute=args.chaos,
                              duration=args.duration, seed=args.seed, log_dir=args.log_dir, workdir=args.workdir,
-                             view=view)
+                             view=view, spares=args.spares)
     except SpecError as exc:
         return _fail(f"{args.file} is not a valid MultiWorld:\n" + "\n".join(f"  {p}" for p in exc.problems))
     except (ValueError, TemplateError, ValidationError) as exc:
