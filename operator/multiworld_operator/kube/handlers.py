@@ -32,6 +32,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.connect_timeout = CONNECT_TIMEOUT_S
     settings.networking.request_timeout = REQUEST_TIMEOUT_S
     settings.networking.connect_timeout = CONNECT_TIMEOUT_S
+    # Only our pods and Services travel: the API server filters by label, not kopf after it.
+    for plural in ("pods", "services"):
+        settings.watching.label_selectors["v1", plural] = NAME_LABEL
     memo.controller = Controller(KubeApi(api_client()))
 
 

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from datetime import datetime
@@ -31,7 +30,9 @@ from .bodies import CREATED_FOR_ANNOTATION, MEMBER_LABEL, ORDINAL_LABEL
 
 log = logging.getLogger(__name__)
 
+_REPORT = TypeAdapter(BrokenWorldReport)
 _REPORT_LIST = TypeAdapter(list[BrokenWorldReport])
+_STATUS = TypeAdapter(WorkerStatus)
 _CREATED_FOR = TypeAdapter(dict[str, int])
 _PHASES: dict[str, PodPhase] = {"Pending": "Pending", "Running": "Running", "Succeeded": "Succeeded",
                                 "Failed": "Failed", "Unknown": "Pending"}
@@ -108,13 +109,13 @@ def _ordinal(value: str | None) -> int:
 
 
 def _joined(meta: PodMeta) -> dict[str, int] | None:
-    status = _annotation(meta, STATUS_ANNOTATION, TypeAdapter(WorkerStatus))
+    status = _annotation(meta, STATUS_ANNOTATION, _STATUS)
     return dict(status.joined) if status is not None else None
 
 
 def _reports(meta: PodMeta) -> list[BrokenWorldReport]:
     reports = list(_annotation(meta, REPORTS_ANNOTATION, _REPORT_LIST) or [])
-    latest = _annotation(meta, REPORT_ANNOTATION, TypeAdapter(BrokenWorldReport))
+    latest = _annotation(meta, REPORT_ANNOTATION, _REPORT)
     if latest is not None and latest not in reports:
         reports.append(latest)
     return reports

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -131,8 +132,9 @@ class KubernetesChannel:
             self._wake_writer.notify()
         if response is not None:
             response.shutdown()
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- the table ---------------------------------------------------------------------------
 
@@ -217,10 +219,11 @@ class KubernetesChannel:
         return annotations
 
     def _send(self, annotations: dict[str, str], reports: list[BrokenWorldReport]) -> None:
-        pod = self.core.patch_namespaced_pod(
+        # Raw JSON: the pod's uid is all we read back, and no model parses a whole pod status.
+        response = self.core.patch_namespaced_pod(
             self.pod, self.namespace, {"metadata": {"annotations": annotations}},
-            _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S)
-        self._pod_uid = pod.metadata.uid
+            _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S, _preload_content=False)
+        self._pod_uid = json.loads(response.data)["metadata"]["uid"]
         for report in reports:
             self._post_event(report)
 
@@ -252,7 +255,8 @@ class KubernetesChannel:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
+            self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S,
+                                              _preload_content=False)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             log.warning("pod %s: event for world %s not posted (%s)", self.pod, report.world, _describe(error))
 
