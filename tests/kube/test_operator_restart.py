@@ -4,6 +4,10 @@ replacement pod made twice and no pod of a healthy world touched."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
 import pytest
 from multiworld_test_cluster import Cluster
 from operator_support import Kubelet, KubeNamespace, cluster_release, created_for, running_operator, two_worlds
@@ -14,26 +18,40 @@ PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
 A_PODS = {"mw-a-0", "mw-a-1"}
 
 
-def test_restart_in_the_middle_of_a_recovery(kube_cluster: Cluster, namespace: str,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+@dataclass
+class Offline:
+    """A namespace with the kubelet stand-in, where the operator comes and goes."""
+
+    kube: KubeNamespace
+    kubelet: Kubelet
+    operator: Callable[[], AbstractContextManager[object]]
+
+
+@pytest.fixture
+def offline(kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Offline]:
     kubeconfig = cluster_release(kube_cluster).operator_kubeconfig
     with kube_cluster.api_client() as api, Kubelet(api, namespace) as kubelet:
-        kube = KubeNamespace(api, namespace)
-        with running_operator(kubeconfig, namespace, monkeypatch):
-            kube.create(two_worlds())
-            kube.wait_running(epochs={"wa": 1, "wb": 1})
-            before = kube.uids()
-            kubelet.hold.set()  # replacement pods stay Pending: the recovery cannot finish
-            kubelet.fail("mw-a-0")
-            kube.wait_world("wa", lambda w: w["epoch"] == 2, "epoch 2")
-        # Stopped mid-recovery: wa is at epoch 2, its replacements made or not yet.
-        assert kube.status()["worlds"]["wa"]["phase"] == "Recovering"
-        made = {p: pod.metadata.uid for p, pod in kube.pods().items() if created_for(pod) == {"wa": 2}}
+        yield Offline(KubeNamespace(api, namespace), kubelet,
+                      lambda: running_operator(kubeconfig, namespace, monkeypatch))
 
-        with running_operator(kubeconfig, namespace, monkeypatch):
-            kubelet.hold.clear()
-            status = kube.wait_running(epochs={"wa": 2, "wb": 1})
-        after = kube.uids()
+
+def test_restart_in_the_middle_of_a_recovery(offline: Offline) -> None:
+    kube, kubelet = offline.kube, offline.kubelet
+    with offline.operator():
+        kube.create(two_worlds())
+        kube.wait_running(epochs={"wa": 1, "wb": 1})
+        before = kube.uids()
+        kubelet.hold.set()  # replacement pods stay Pending: the recovery cannot finish
+        kubelet.fail("mw-a-0")
+        kube.wait_world("wa", lambda w: w["epoch"] == 2, "epoch 2")
+    # Stopped mid-recovery: wa is at epoch 2, its replacements made or not yet.
+    assert kube.status()["worlds"]["wa"]["phase"] == "Recovering"
+    made = {p: pod.metadata.uid for p, pod in kube.pods().items() if created_for(pod) == {"wa": 2}}
+
+    with offline.operator():
+        kubelet.hold.clear()
+        status = kube.wait_running(epochs={"wa": 2, "wb": 1})
+    after = kube.uids()
 
     assert set(after) == PODS
     assert (status["worlds"]["wa"]["restarts"], status["restarts"]) == (1, 1)
@@ -42,22 +60,19 @@ def test_restart_in_the_middle_of_a_recovery(kube_cluster: Cluster, namespace: s
     assert {p: after[p] for p in made} == made  # made before the restart: kept, not made again
 
 
-def test_failure_while_the_operator_is_down(kube_cluster: Cluster, namespace: str,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    kubeconfig = cluster_release(kube_cluster).operator_kubeconfig
-    with kube_cluster.api_client() as api, Kubelet(api, namespace) as kubelet:
-        kube = KubeNamespace(api, namespace)
-        with running_operator(kubeconfig, namespace, monkeypatch):
-            kube.create(two_worlds())
-            kube.wait_running(epochs={"wa": 1, "wb": 1})
-            before = kube.uids()
+def test_failure_while_the_operator_is_down(offline: Offline) -> None:
+    kube = offline.kube
+    with offline.operator():
+        kube.create(two_worlds())
+        kube.wait_running(epochs={"wa": 1, "wb": 1})
+        before = kube.uids()
 
-        kubelet.fail("mw-b-0")
-        kube.core.delete_namespaced_pod("mw-a-1", namespace)
+    offline.kubelet.fail("mw-b-0")
+    kube.core.delete_namespaced_pod("mw-a-1", kube.namespace)
 
-        with running_operator(kubeconfig, namespace, monkeypatch):
-            status = kube.wait_running(epochs={"wa": 2, "wb": 2})
-        after = kube.uids()
+    with offline.operator():
+        status = kube.wait_running(epochs={"wa": 2, "wb": 2})
+    after = kube.uids()
 
     assert (status["worlds"]["wa"]["lastFailure"]["reason"], status["worlds"]["wb"]["lastFailure"]["reason"]) == \
         ("PodDeleted", "PodFailed")
