@@ -17,6 +17,7 @@ import enum
 import logging
 import os
 import sys
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -167,36 +168,45 @@ def assignments_from_flags(args: argparse.Namespace, parser: argparse.ArgumentPa
 class WorldSource:
     """Worlds given once by `--worldinfo`: joined at start, dropped when they break."""
 
-    # How long closing waits for a left world's communicator to be released.
+    # How long closing waits, in all, for the worlds' communicators to be released.
     RELEASE_GRACE = 2.0
 
     def __init__(self, manager: WorldManager, assignments: Sequence[WorldAssignment]) -> None:
         self.manager = manager
         self._assignments = {a.name: a for a in assignments}
-        self._left: list[World] = []
+        self._handed_out: list[World] = []
+
+    def _hand_out(self, world: World) -> World:
+        self._handed_out.append(world)
+        return world
 
     def names(self) -> list[str]:
         return list(self._assignments)
 
-    async def first(self, name: str) -> World | None:
-        return await self.manager.join_async(self._assignments[name])
+    async def first(self, name: str) -> World:
+        return self._hand_out(await self.manager.join_async(self._assignments[name]))
 
     async def after_break(self, name: str, epoch: int) -> World | None:
-        """The world to go on with after `epoch` broke, or None to stop using it."""
+        """The world to go on with after `epoch` broke; None to stop using it."""
         return None
+
+    def removed(self, name: str) -> bool:
+        """Whether the world left the world table (then its loop ends, and that is no failure)."""
+        return False
 
     def finished(self, name: str) -> None:
         """Every step is done: release the world now rather than at exit, so that the peers
         leaving it are no news to a process still busy in its other worlds."""
-        self._left.append(self.manager.world(name))
         self.manager.leave(name)
 
     def close(self) -> None:
         self.manager.close()
-        # The manager releases a left world on a background thread; exiting before that thread
-        # is done tears torch down under it (the process aborts).
-        for world in self._left:
-            world.wait_released(self.RELEASE_GRACE)
+        # The manager releases a world it left (on purpose or for the table) on a background
+        # thread, and close() does not wait for those: exiting under such a thread aborts the
+        # process.
+        deadline = time.monotonic() + self.RELEASE_GRACE
+        for world in self._handed_out:
+            world.wait_released(max(0.0, deadline - time.monotonic()))
 
 
 class LiveWorldSource(WorldSource):
@@ -207,23 +217,25 @@ class LiveWorldSource(WorldSource):
     # often, whether the manager still has the world at all.
     REMOVAL_CHECK = 1.0
 
-    async def first(self, name: str) -> World | None:
-        return await self.manager.wait_world(name)
+    async def first(self, name: str) -> World:
+        return self._hand_out(await self.manager.wait_world(name))
 
     async def after_break(self, name: str, epoch: int) -> World | None:
-        while True:
+        while not self.removed(name):
             try:
-                return await self.manager.wait_world(name, newer_than=epoch, timeout=self.REMOVAL_CHECK)
+                return self._hand_out(
+                    await self.manager.wait_world(name, newer_than=epoch, timeout=self.REMOVAL_CHECK)
+                )
             except TimeoutError:
                 pass
-            try:
-                self.manager.world(name)  # the broken incarnation stays until a newer one or removal
-            except mw.UnknownWorldError:
-                say(f"{name} ended: removed from the world table")
-                return None
+        return None
 
-    def finished(self, name: str) -> None:
-        """Held until exit: the table decides membership, and would join a left world again."""
+    def removed(self, name: str) -> bool:
+        try:
+            self.manager.world(name)  # a broken incarnation stays until a newer one or removal
+        except mw.UnknownWorldError:
+            return True
+        return False
 
 
 def source_from_env(parser: argparse.ArgumentParser) -> WorldSource:
@@ -251,43 +263,60 @@ def source_from_flags(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 class Outcome(enum.Enum):
     FINISHED = "finished"
-    ENDED = "ended"  # removed from the table before it was ever held: not a failure
+    ENDED = "ended"  # removed from the world table: not a failure
     BROKEN = "broken"
 
 
+async def agree_on_step(world: World, number: int) -> int:
+    """The step a (re)built world goes on from: the furthest any member has reached, since a
+    replaced member starts again from step 1 while the survivors go on."""
+    furthest = torch.tensor([number], dtype=torch.int64, device=world_device(world))
+    await world.all_reduce(furthest, op=mw.ReduceOp.MAX, async_op=True)
+    return int(furthest.item())
+
+
 async def drive_world(source: WorldSource, name: str, step: StepFn, steps: int, interval: float) -> Outcome:
-    """Run `steps` steps in one world; after a break, go on at the same step in the rebuilt
-    world when the source has one."""
+    """Run `steps` steps in one world; after a break, go on in the rebuilt world when the
+    source has one."""
     try:
-        world = await source.first(name)
+        world: World | None = await source.first(name)
     except mw.MultiWorldError as exc:  # a failed rendezvous ends this world only
         say(f"{name} failed to join: {exc}")
         return Outcome.BROKEN
-    if world is None:
-        return Outcome.ENDED
-    number = 1
-    while number <= steps:
+    number, agreed = 1, False
+    while world is not None and number <= steps:
         try:
+            if not agreed:
+                number, agreed = await agree_on_step(world, number), True
             await step(world, number)
         except WorldBrokenError as exc:
+            if source.removed(name):
+                break
             say(f"{name} broke: {exc.reason}")
-            rebuilt = await source.after_break(name, exc.epoch)
-            if rebuilt is None:
-                return Outcome.BROKEN
-            world = rebuilt
-            say(f"{name} rejoined at epoch {world.epoch}")
+            world, agreed = await source.after_break(name, exc.epoch), False
+            if world is not None:
+                say(f"{name} rejoined at epoch {world.epoch}")
             continue
         say(f"done with step: {number}")
         number += 1
         if number <= steps:
             await asyncio.sleep(interval)
-    try:
-        # Nobody leaves while a peer may still need it to finish the last step.
-        await world.barrier(async_op=True)
-    except WorldBrokenError:
-        pass  # a peer already gone after its last step: the steps are done all the same
+    if world is None or number <= steps:
+        if source.removed(name):
+            say(f"{name} ended: removed from the world table")
+            return Outcome.ENDED
+        return Outcome.BROKEN
+    await _leave_together(world)
     source.finished(name)
     return Outcome.FINISHED
+
+
+async def _leave_together(world: World) -> None:
+    """Nobody leaves while a peer may still need it to finish the last step."""
+    try:
+        await world.barrier(async_op=True)
+    except WorldBrokenError:
+        pass  # a peer gone right after its last step: every step is done all the same
 
 
 async def _run(source: WorldSource, step: StepFn, steps: int, interval: float) -> int:

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 
+from multiworld.contract import WorkerEnv, WorldEntry, WorldTable
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 
@@ -30,6 +32,25 @@ SEED_TOPOLOGY: dict[str, list[tuple[int, int]]] = {
     "w2-0": [(2, 1)],
     "w2-1": [(2, 2)],
 }
+
+
+def seed_table(base_port: int, revision: int = 1, epochs: dict[str, int] | None = None,
+               worlds: Sequence[str] = ("world1", "world2")) -> WorldTable:
+    """The seed topology as a world table (world W at base_port + W)."""
+    entries = []
+    for name in worlds:
+        index = int(name.removeprefix("world"))
+        pods = [pod for pod, member_worlds in SEED_TOPOLOGY.items() for i, _ in member_worlds if i == index]
+        entries.append(WorldEntry(name=name, epoch=(epochs or {}).get(name, 1), backend="gloo",
+                                  host="127.0.0.1", port=base_port + index, pods=pods))
+    return WorldTable(revision=revision, worlds=entries)
+
+
+def member_env(table: WorldTable, pod: str, table_url: str) -> dict[str, str]:
+    """The contract environment a platform gives `pod`: its worlds in `table`, and where the
+    live table comes from ("" for none)."""
+    worlds = list(table.assignments_for(pod).values())
+    return WorkerEnv(pod=pod, worlds=worlds, table=table_url).to_env()
 
 
 def load_common() -> ModuleType:
@@ -144,3 +165,8 @@ def finish(processes: dict[str, ExampleProcess]) -> dict[str, int]:
         return {name: process.wait() for name, process in processes.items()}
     finally:
         stop_all(processes.values())
+
+
+def assert_all_exit_zero(processes: dict[str, ExampleProcess]) -> None:
+    codes = finish(processes)
+    assert codes == {name: 0 for name in processes}, {n: p.output() for n, p in processes.items()}
