@@ -52,7 +52,7 @@ class Member:
         self.events: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self._stderr = tempfile.TemporaryFile()
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, str(MEMBER), scenario, json.dumps(args)],
             stdin=subprocess.PIPE,

@@ -335,7 +335,8 @@ def frozen_exit(args: dict[str, Any]) -> None:
     else:
         world.all_reduce(torch.ones(1), async_op=True)  # stuck on the frozen peer
     emit("exiting")
-    # No close(): the interpreter's exit must be fast on its own.
+    # No close(): the interpreter's exit must be fast on its own, and keep the status.
+    sys.exit(args["exit_status"])
 
 
 SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {

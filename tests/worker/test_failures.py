@@ -157,9 +157,12 @@ def test_old_epoch_is_fenced_out(spawn) -> None:
     assert not first.named("broken") and not second.named("broken")
 
     newer = spawn("join", {**args, "world": assignment("w", 1, 2, port, epoch=3)})
-    for member in (first, second):
-        assert member.wait_for("broken", world="w")["reason"] == "superseded by epoch 3"
+    reasons = [member.wait_for("broken", world="w")["reason"] for member in (first, second)]
     newer.kill()
+    # Each member reads the newer epoch from the store; one that is slower may see its peer
+    # release the communicator first.
+    assert "superseded by epoch 3" in reasons, reasons
+    assert all(r == "superseded by epoch 3" or r.startswith("all_reduce failed") for r in reasons), reasons
     summaries = stop_all(first, second)
     assert [s["wrong"] for s in summaries] == [{"w": 0}, {"w": 0}]
 
@@ -179,10 +182,11 @@ def test_members_told_different_sizes_are_refused(spawn) -> None:
 
 def test_exit_is_fast_with_a_frozen_peer(spawn) -> None:
     """Op timeout 60 s; a process whose peer is SIGSTOPped still exits in a few seconds, both
-    after the verdict and with an op still stuck on the frozen peer."""
-    for wait_for_verdict in (True, False):
+    after the verdict and with an op still stuck on the frozen peer, with the status it asked
+    for."""
+    for wait_for_verdict, status in ((True, 0), (False, 3)):
         (port,) = free_ports(1)
-        args = {"detect": TEST_DETECT, "wait_for_verdict": wait_for_verdict}
+        args = {"detect": TEST_DETECT, "wait_for_verdict": wait_for_verdict, "exit_status": status}
         leader = spawn("frozen_exit", {**args, "pod": "L", "world": assignment("w", 0, 2, port)})
         peer = spawn("frozen_exit", {**args, "pod": "P", "world": assignment("w", 1, 2, port)})
         leader.wait_for("joined")
@@ -190,7 +194,7 @@ def test_exit_is_fast_with_a_frozen_peer(spawn) -> None:
         peer.signal(signal.SIGSTOP)
         leader.tell("go")
         exiting = leader.wait_for("exiting")
-        assert leader.wait_exit(timeout=30) == 0, leader.stderr()
+        assert leader.wait_exit(timeout=30) == status, leader.stderr()
         took = time.time() - exiting["at"]
         print(f"\nexit with a frozen peer (verdict first: {wait_for_verdict}): {took:.2f} s")
         assert took < DETECTED_WITHIN, leader.stderr()

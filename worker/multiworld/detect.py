@@ -23,6 +23,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from multiworld.shutdown import start_thread
+
 log = logging.getLogger(__name__)
 
 ENV_HEARTBEAT_INTERVAL = "MULTIWORLD_HEARTBEAT_INTERVAL"
@@ -176,11 +178,11 @@ class Heartbeat:
         self._fail_lock = threading.Lock()
         # Monotonic start of the store call in flight (None between calls), for the stall watch.
         self._call_started: float | None = None
-        self._thread = threading.Thread(target=self._run, name=f"mw-heartbeat-{world}-{epoch}", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         STALL_WATCH.add(self)
-        self._thread.start()
+        self._thread = start_thread(self._run, f"mw-heartbeat-{self.world}-{self._epoch}")
 
     def publish(self, verdict: Verdict) -> None:
         """Write this member's verdict to the abort key (on the heartbeat thread), then stop."""
@@ -192,12 +194,9 @@ class Heartbeat:
         self._wake.set()
 
     def join(self, timeout: float | None) -> None:
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def check_stall(self, now: float) -> None:
         started = self._call_started

@@ -6,7 +6,6 @@ No torch at import: the communicator code (world.py) loads on the first join.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 import socket
 import threading
@@ -15,6 +14,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from multiworld import shutdown
 from multiworld.channels import Channel
 from multiworld.channels.none import NoneChannel
 from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from multiworld.world import World
 
 log = logging.getLogger(__name__)
-
-# How long close() waits for communicators to be released before it returns anyway.
-_CLOSE_GRACE = 1.0
 
 
 class _Join:
@@ -145,7 +142,7 @@ class WorldManager:
                     held._close(f"moved on to epoch {a.epoch}")
             join = _Join(a)
             self._joins[a.name] = join
-        threading.Thread(target=self._run_join, args=(join,), name=f"mw-join-{a.name}-{a.epoch}", daemon=True).start()
+        shutdown.start_thread(self._run_join, f"mw-join-{a.name}-{a.epoch}", join)
         return join
 
     @staticmethod
@@ -369,7 +366,9 @@ class WorldManager:
     # -- shutdown ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Leave every world and stop, without waiting out any stuck op (bounded wait)."""
+        """Leave every world and call off every join, without waiting for anything: the
+        communicators are released in the background (and process exit waits for them,
+        bounded; see shutdown.py)."""
         with self._lock:
             if self._closed:
                 return
@@ -380,24 +379,15 @@ class WorldManager:
             self._joins.clear()
         for join in joins:
             join.cancelled.set()
-        deadline = time.monotonic() + _CLOSE_GRACE
         if worlds:
             from multiworld.world import release_in_background
 
             for world in worlds:
                 world._close("closed", release=False)
-            release_in_background(worlds)
-            for world in worlds:
-                # A release still running a grace after its break is stuck on a silent peer:
-                # not worth waiting for (its daemon thread stays blocked until the process ends).
-                world.wait_released(max(0.0, min(deadline - time.monotonic(), _CLOSE_GRACE - world.broken_for)))
-        # Threads still inside torch calls at interpreter exit would abort the process.
-        for join in joins:
-            join.done.wait(max(0.0, deadline - time.monotonic()))
+            release_in_background(worlds)  # together: NCCL communicators abort as one group
         self._changed()
         self._channel.close()
         _open_managers.discard(self)
-        log.debug("closed in %.2fs", _CLOSE_GRACE - (deadline - time.monotonic()))
 
 
 def _assignment(value: WorldAssignment | Mapping[str, Any]) -> WorldAssignment:
@@ -407,10 +397,9 @@ def _assignment(value: WorldAssignment | Mapping[str, Any]) -> WorldAssignment:
 _open_managers: weakref.WeakSet[WorldManager] = weakref.WeakSet()
 
 
-@atexit.register
 def _close_open_managers() -> None:
     for manager in list(_open_managers):
-        try:
-            manager.close()
-        except Exception:
-            log.exception("closing %r at exit failed", manager)
+        manager.close()
+
+
+shutdown.on_exit(_close_open_managers)

@@ -13,6 +13,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from multiworld.errors import WorldBrokenError
+from multiworld.shutdown import start_thread
 
 if TYPE_CHECKING:
     from multiworld.world import World
@@ -120,8 +121,8 @@ class Waiters:
     reduce_scatter).
 
     A thread is reused when idle and a new one starts only when all are busy, so unrelated
-    ops never wait on each other. Daemon threads, so a wait stuck on a silent peer never holds
-    up process exit.
+    ops never wait on each other. A wait stuck on a silent peer never holds up process exit
+    (see shutdown.py).
     """
 
     def __init__(self, world: str) -> None:
@@ -140,9 +141,7 @@ class Waiters:
                 self._idle -= 1
             else:
                 self._threads += 1
-                threading.Thread(
-                    target=self._serve, name=f"mw-wait-{self._world}-{self._threads}", daemon=True
-                ).start()
+                start_thread(self._serve, f"mw-wait-{self._world}-{self._threads}")
         self._queue.put(work)
 
     def stop(self) -> None:

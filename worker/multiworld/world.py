@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup
 
-from multiworld import stores
+from multiworld import shutdown, stores
 from multiworld.backends import Driver, make_driver
 from multiworld.contract import WorldAssignment
 from multiworld.detect import DetectConfig, Heartbeat, Verdict, short
@@ -57,7 +57,7 @@ class World(Collectives):
         self._waiters = Waiters(self.name) if driver.waited_ops else None
         self._on_broken = on_broken
         self._released = threading.Event()
-        self._broken_at: float | None = None
+        self._published = False
         self._heartbeat = Heartbeat(
             world=self.name,
             epoch=self.epoch,
@@ -87,22 +87,9 @@ class World(Collectives):
         """True once the communicator is aborted and dropped."""
         return self._released.is_set()
 
-    @property
-    def broken_for(self) -> float:
-        """Seconds since the world broke (0 while healthy)."""
-        return 0.0 if self._broken_at is None else time.monotonic() - self._broken_at
-
     def wait_released(self, timeout: float | None = None) -> bool:
-        """Wait until the communicator is dropped and the heartbeat thread has ended.
-
-        A daemon thread still inside torch C++ code when the interpreter finalizes is killed
-        with pthread_exit, which aborts the process, so shutdown waits for these (bounded).
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        if not self._released.wait(timeout):
-            return False
-        self._heartbeat.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not self._heartbeat.alive
+        """Wait until the communicator is aborted and dropped."""
+        return self._released.wait(timeout)
 
     def _start_heartbeat(self) -> None:
         self._heartbeat.start()
@@ -123,7 +110,7 @@ class World(Collectives):
         """Close, and stop serving the world's store once the peers could read the verdict."""
         self._close(reason)
         if self.rank == 0:
-            threading.Thread(target=self._stop_serving, name=f"mw-unserve-{self.name}", daemon=True).start()
+            shutdown.start_thread(self._stop_serving, f"mw-unserve-{self.name}")
 
     def _stop_serving(self) -> None:
         self._heartbeat.join(self._heartbeat.dead_after)
@@ -138,12 +125,12 @@ class World(Collectives):
             if self._error is not None:
                 return self._error
             error = self._error = WorldBrokenError(self.name, self.epoch, reason, peer_rank)
-            self._broken_at = time.monotonic()
             pending, self._pending = self._pending, set()
         (log.warning if report else log.info)("%s", error)
         for work in pending:
             work._settle(error)
         if publish:
+            self._published = True
             self._heartbeat.publish(Verdict(reason=reason, peer_rank=peer_rank, by_rank=self.rank))
         else:
             self._heartbeat.stop()
@@ -153,6 +140,14 @@ class World(Collectives):
             if release:
                 release_in_background([self])
         return error
+
+    def _let_verdict_out(self) -> None:
+        """Before aborting: give the peers a couple of heartbeat ticks to read the verdict (or
+        the newer epoch) from the store, so they learn why rather than just see the
+        connection close."""
+        if self._published:
+            self._heartbeat.join(self._heartbeat.dead_after)
+        time.sleep(2 * self._slice.total_seconds())
 
     def _take_pg(self) -> ProcessGroup | None:
         with self._lock:
@@ -201,15 +196,17 @@ def release_in_background(worlds: list[World]) -> None:
     """Abort the worlds' communicators and drop them on daemon threads.
 
     Dropping the last reference to a gloo group with an op stuck on a silent peer blocks until
-    the op times out, so that never happens on a caller's thread; daemon threads, so it never
-    holds up process exit either.
+    the op times out, so that never happens on a caller's thread, and never holds up process
+    exit either (see shutdown.py).
     """
-    threading.Thread(target=_release, args=(worlds,), name="mw-release", daemon=True).start()
+    shutdown.start_thread(_release, "mw-release", worlds)
 
 
 def _release(worlds: list[World]) -> None:
     # Each communicator lives only in its one-element holder, so the thread that empties the
     # holder is the one that runs its destructor.
+    for world in worlds:
+        world._let_verdict_out()
     held: list[tuple[World, list[ProcessGroup]]] = []
     for world in worlds:
         # None: an earlier release took it, and that one sets `_released` when done.
@@ -228,7 +225,7 @@ def _release(worlds: list[World]) -> None:
             log.warning("aborting %s communicators failed: %s", driver.name, short(exc))
     groups.clear()
     for world, holder in held:
-        threading.Thread(target=_drop, args=(world, holder), name=f"mw-drop-{world.name}", daemon=True).start()
+        shutdown.start_thread(_drop, f"mw-drop-{world.name}", world, holder)
     held.clear()
 
 
