@@ -1,0 +1,267 @@
+"""What the bench scripts share: flags, member processes, statistics, tables, targets and the
+final JSON line. No torch here: the coordinating process of a bench never needs it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Members share two cores with everything else: one compute thread each keeps them from
+# fighting over the cores more than the benchmark itself makes them.
+MEMBER_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+# Generous: several processes importing torch at once on a busy machine.
+MEMBER_WAIT_S = 180.0
+
+
+def parser(description: str | None) -> argparse.ArgumentParser:
+    """Flags every bench has: --quick (smallest settings, for the smoke test) and --json."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="smallest settings: checks the bench runs, not the figures")
+    p.add_argument("--json", action="store_true", help="end with the results as one JSON line")
+    return p
+
+
+def positive(convert: type) -> Any:
+    """An argparse type that refuses values <= 0."""
+
+    def parse(text: str) -> Any:
+        value = convert(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def machine_load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1/5/15 min) on {os.cpu_count()} cores"
+
+
+# ---- statistics ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    min: float
+    median: float
+    max: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        data = list(values)
+        if not data:
+            raise ValueError("no values to summarize")
+        return cls(min(data), statistics.median(data), max(data))
+
+    def as_dict(self) -> dict[str, float]:
+        return {"min": self.min, "median": self.median, "max": self.max}
+
+
+def gaps(times: Sequence[float]) -> list[float]:
+    """Intervals between consecutive timestamps."""
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def worst_gap_in(times: Sequence[float], windows: Sequence[tuple[float, float]]) -> float:
+    """The longest interval between consecutive timestamps that overlaps any window."""
+    worst = 0.0
+    for a, b in zip(times, times[1:]):
+        if any(a < end and b > start for start, end in windows):
+            worst = max(worst, b - a)
+    return worst
+
+
+# ---- output --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A figure against its limit (lower is better)."""
+
+    what: str
+    value: float
+    limit: float
+    unit: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return math.isfinite(self.value) and self.value <= self.limit
+
+    def line(self) -> str:
+        verdict = "PASS" if self.passed else "MISS"
+        return f"  {verdict}  {self.what}: {self.value:.3f}{self.unit} (target <= {self.limit:g}{self.unit})"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    cells = [list(headers)] + [list(r) for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def report(title: str, body: Sequence[str], targets: Sequence[Target]) -> None:
+    """The readable part of a bench's output (stdout, before any JSON line)."""
+    print(f"== {title}")
+    print(machine_load())
+    for block in body:
+        print()
+        print(block)
+    print()
+    print("targets:")
+    for target in targets:
+        print(target.line())
+    sys.stdout.flush()
+
+
+def json_line(results: dict[str, Any]) -> None:
+    print(json.dumps(results, separators=(",", ":")), flush=True)
+
+
+def fmt_s(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def fmt_bytes(count: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size and count % size == 0:
+            return f"{count // size} {unit}"
+    return f"{count} B"
+
+
+# ---- member processes -----------------------------------------------------------------------
+
+
+def emit(event: str, **fields: Any) -> None:
+    """A member's event: one JSON line on stdout, read by its coordinator."""
+    print(json.dumps({"event": event, "at": time.time(), **fields}), flush=True)
+
+
+class Member:
+    """A member process (`python SCRIPT ARGS...`) whose stdout lines are JSON events."""
+
+    def __init__(self, script: Path, args: Sequence[str], name: str) -> None:
+        self.name = name
+        self.events: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env={**os.environ, **MEMBER_ENV},
+            cwd=REPO,
+        )
+        threading.Thread(target=self._read, name=f"read-{name}", daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            with self._cond:
+                self.events.append(event)
+                self._cond.notify_all()
+        with self._cond:
+            self.events.append({"event": "eof"})
+            self._cond.notify_all()
+
+    def stderr(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-3000:]
+
+    def wait_for(self, name: str, timeout: float = MEMBER_WAIT_S, **match: Any) -> dict[str, Any]:
+        """The first event `name` whose fields include `match`."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for event in self.events:
+                    if event["event"] == name and all(event.get(k) == v for k, v in match.items()):
+                        return event
+                    if event["event"] == "eof":
+                        raise RuntimeError(f"member {self.name} ended before {name} {match}:\n{self.stderr()}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeError(f"no {name} {match} from member {self.name} within {timeout:.0f}s:\n{self.stderr()}")
+                self._cond.wait(left)
+
+    def tell(self, command: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+class Members:
+    """Every member a bench started; all still running are killed on exit (SIGKILL also ends
+    SIGSTOPped ones)."""
+
+    def __init__(self, script: Path) -> None:
+        self.script = script
+        self.started: list[Member] = []
+
+    def start(self, name: str, args: Sequence[str]) -> Member:
+        member = Member(self.script, args, name)
+        self.started.append(member)
+        return member
+
+    def __enter__(self) -> Members:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for member in self.started:
+            member.kill()
+
+
+def commands() -> Iterable[dict[str, Any]]:
+    """A member's commands from its coordinator: JSON lines on stdin, until EOF."""
+    for line in sys.stdin:
+        if line.strip():
+            yield json.loads(line)

@@ -1,0 +1,288 @@
+"""Collective ops through multiworld against the same ops on a raw torch ProcessGroupGloo.
+
+Three member processes (gloo over loopback) hold both a multiworld World and a raw
+ProcessGroupGloo on its own TCPStore, and run every op through both, in the same processes,
+interleaved round by round (which one goes first alternates) so that drift in the machine's
+load cancels out. Each round yields a ratio library/raw of the median op times in that round;
+the reported ratio is the median of those per-round ratios. send_recv is one ping-pong
+between ranks 0 and 1 (rank 2 idles); all_reduce_async is `await world.all_reduce(...,
+async_op=True)` on an event loop, against the raw work's torch future bridged into the same
+loop. Times are rank 0's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import _common as common
+
+OPS = ("all_reduce", "all_reduce_async", "all_gather", "broadcast", "send_recv")
+SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+QUICK_SIZES = (4 << 10, 1 << 20)
+RANKS = 3
+# Targets on the median per-round ratio library/raw.
+LARGE_FROM = 1 << 20
+LARGE_LIMIT = 1.02
+SMALL_SIZE = 4 << 10
+SMALL_LIMIT = 1.10
+# Each impl's share of a round lasts about this long (at least one op).
+ROUND_S = 0.02
+MAX_OPS_PER_ROUND = 20
+WARMUP_OPS = 3
+
+Op = Callable[[], Awaitable[None]]
+
+
+def parse_args(argv: Sequence[str] | None) -> Any:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--budget", type=common.positive(float), default=None,
+                   help="seconds of measuring per op and size (default 2.0; 0.2 with --quick)")
+    p.add_argument("--min-rounds", type=common.positive(int), default=None,
+                   help="rounds per op and size at the least (default 8; 3 with --quick)")
+    p.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
+                   help="comma-separated tensor sizes in bytes (default 4K,64K,1M,4M,16M)")
+    p.add_argument("--member", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--ports", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.budget = args.budget or (0.2 if args.quick else 2.0)
+    args.min_rounds = args.min_rounds or (3 if args.quick else 8)
+    args.sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    if any(s <= 0 or s % 4 for s in args.sizes):
+        p.error(f"--sizes: every size must be a positive multiple of 4 bytes (float32), got {args.sizes}")
+    return args
+
+
+# ---- the member side -------------------------------------------------------------------------
+
+
+def awaitable(torch_work: Any) -> Any:
+    """A raw work as an asyncio future: its torch future's done-callback wakes the loop (the
+    cheapest bridge measured, see shared/research/torch-worlds.md)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def wake(_: Any) -> None:
+        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    torch_work.get_future().add_done_callback(wake)
+    return done
+
+
+class Bench:
+    """Both implementations of every op in one member process."""
+
+    def __init__(self, rank: int, lib_port: int, raw_port: int) -> None:
+        from datetime import timedelta
+
+        import torch
+        from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+        import multiworld as mw
+
+        torch.set_num_threads(1)
+        self.torch = torch
+        self.rank = rank
+        # Detection as shipped (the heartbeat's cost is its interval), but a loaded machine must
+        # not break the world in the middle of a measurement.
+        config = mw.DetectConfig(dead_after=30.0, op_timeout=600.0, join_timeout=120.0)
+        self.manager = mw.WorldManager(pod=f"bench-{rank}", config=config)
+        self.world = self.manager.join(
+            mw.WorldAssignment(name="bench", rank=rank, size=RANKS, host="127.0.0.1", port=lib_port)
+        )
+        self._store = TCPStore("127.0.0.1", raw_port, RANKS, rank == 0, timedelta(seconds=120))
+        self.raw = ProcessGroupGloo(PrefixStore("raw/", self._store), rank, RANKS, timedelta(seconds=600))
+
+    def ops(self, kind: str, size: int) -> tuple[Op, Op]:
+        """(library, raw) for one op on `size` bytes of float32."""
+        torch, w, raw, rank = self.torch, self.world, self.raw, self.rank
+        t = torch.ones(size // 4)
+        if kind == "all_reduce":
+            async def lib_op() -> None:
+                w.all_reduce(t)
+
+            async def raw_op() -> None:
+                raw.allreduce([t]).wait()
+
+            return lib_op, raw_op
+        if kind == "all_reduce_async":
+            async def lib_op() -> None:
+                await w.all_reduce(t, async_op=True)
+
+            async def raw_op() -> None:
+                await awaitable(raw.allreduce([t]))
+
+            return lib_op, raw_op
+        if kind == "all_gather":
+            outs = [torch.empty_like(t) for _ in range(RANKS)]
+
+            async def lib_op() -> None:
+                w.all_gather(outs, t)
+
+            async def raw_op() -> None:
+                raw.allgather([outs], [t]).wait()
+
+            return lib_op, raw_op
+        if kind == "broadcast":
+            async def lib_op() -> None:
+                w.broadcast(t, src=0)
+
+            async def raw_op() -> None:
+                raw.broadcast([t]).wait()
+
+            return lib_op, raw_op
+        if kind == "send_recv":
+            return self._ping_pong(t)
+        raise ValueError(f"unknown op {kind!r}")
+
+    def _ping_pong(self, t: Any) -> tuple[Op, Op]:
+        w, raw = self.world, self.raw
+        if self.rank == 0:
+            async def lib_op() -> None:
+                w.send(t, 1)
+                w.recv(t, 1)
+
+            async def raw_op() -> None:
+                raw.send([t], 1, 0).wait()
+                raw.recv([t], 1, 0).wait()
+        elif self.rank == 1:
+            async def lib_op() -> None:
+                w.recv(t, 0)
+                w.send(t, 0)
+
+            async def raw_op() -> None:
+                raw.recv([t], 0, 0).wait()
+                raw.send([t], 0, 0).wait()
+        else:
+            async def lib_op() -> None:
+                return None
+
+            raw_op = lib_op
+        return lib_op, raw_op
+
+    async def _times(self, op: Op, count: int) -> list[float]:
+        from time import perf_counter
+
+        out = []
+        for _ in range(count):
+            start = perf_counter()
+            await op()
+            out.append(perf_counter() - start)
+        return out
+
+    def _agree(self, ops_per_round: int, rounds: int) -> tuple[int, int]:
+        """Rank 0's plan for this cell, for every rank (raw broadcast: outside the measurement)."""
+        plan = self.torch.tensor([ops_per_round, rounds], dtype=self.torch.int64)
+        self.raw.broadcast([plan]).wait()
+        return int(plan[0]), int(plan[1])
+
+    async def cell(self, kind: str, size: int, budget: float, min_rounds: int) -> dict[str, Any]:
+        lib_op, raw_op = self.ops(kind, size)
+        await self._times(lib_op, WARMUP_OPS)
+        warm = statistics.median(await self._times(raw_op, WARMUP_OPS))
+        per_round = max(1, min(MAX_OPS_PER_ROUND, int(ROUND_S / max(warm, 1e-6))))
+        rounds = max(min_rounds, int(budget / (2 * per_round * max(warm, 1e-6))))
+        per_round, rounds = self._agree(per_round, rounds)
+        lib: list[float] = []
+        raw: list[float] = []
+        ratios: list[float] = []
+        for i in range(rounds):
+            order = ((lib_op, lib), (raw_op, raw)) if i % 2 == 0 else ((raw_op, raw), (lib_op, lib))
+            medians: dict[int, float] = {}
+            for op, sink in order:
+                times = await self._times(op, per_round)
+                sink.extend(times)
+                medians[id(sink)] = statistics.median(times)
+            if medians[id(raw)] > 0:
+                ratios.append(medians[id(lib)] / medians[id(raw)])
+        return {
+            "op": kind,
+            "bytes": size,
+            "lib_s": statistics.median(lib),
+            "raw_s": statistics.median(raw),
+            "ratio": statistics.median(ratios) if ratios else float("nan"),
+            "rounds": rounds,
+            "per_round": per_round,
+        }
+
+    async def run(self, sizes: Sequence[int], budget: float, min_rounds: int) -> list[dict[str, Any]]:
+        return [await self.cell(kind, size, budget, min_rounds) for size in sizes for kind in OPS]
+
+    def close(self) -> None:
+        self.raw.barrier().wait()
+        self.manager.close()
+
+
+def member(args: Any) -> None:
+    import asyncio
+
+    lib_port, raw_port = (int(p) for p in args.ports.split(","))
+    bench = Bench(args.member, lib_port, raw_port)
+    common.emit("joined", rank=args.member)
+    cells = asyncio.run(bench.run(args.sizes, args.budget, args.min_rounds))
+    if args.member == 0:
+        common.emit("results", cells=cells)
+    bench.close()
+
+
+# ---- the coordinator -------------------------------------------------------------------------
+
+
+def targets(cells: list[dict[str, Any]]) -> list[common.Target]:
+    out = []
+    for c in cells:
+        label = f"{c['op']} {common.fmt_bytes(c['bytes'])} ratio"
+        if c["bytes"] >= LARGE_FROM:
+            out.append(common.Target(label, c["ratio"], LARGE_LIMIT))
+        elif c["bytes"] == SMALL_SIZE:
+            out.append(common.Target(label, c["ratio"], SMALL_LIMIT))
+    return out
+
+
+def render(cells: list[dict[str, Any]]) -> str:
+    rows = [
+        [c["op"], common.fmt_bytes(c["bytes"]), common.fmt_s(c["lib_s"]), common.fmt_s(c["raw_s"]),
+         f"{c['ratio']:.3f}", f"{c['rounds']}x{c['per_round']}"]
+        for c in sorted(cells, key=lambda c: (OPS.index(c["op"]), c["bytes"]))
+    ]
+    return common.table(["op", "size", "library (median)", "raw gloo (median)", "ratio lib/raw", "rounds"], rows)
+
+
+def coordinate(args: Any) -> int:
+    lib_port, raw_port = common.free_ports(2)
+    script = Path(__file__).resolve()
+    flags = ["--ports", f"{lib_port},{raw_port}", "--budget", str(args.budget), "--min-rounds", str(args.min_rounds),
+             "--sizes", ",".join(map(str, args.sizes))]
+    wait = 120.0 + len(args.sizes) * len(OPS) * (args.budget * 3 + 10)
+    with common.Members(script) as members:
+        ranks = [members.start(f"rank{r}", ["--member", str(r), *flags]) for r in range(RANKS)]
+        cells = ranks[0].wait_for("results", timeout=wait)["cells"]
+        for m in ranks:
+            m.proc.wait(60)
+    found = targets(cells)
+    common.report(f"collectives: multiworld vs raw ProcessGroupGloo, {RANKS} ranks, gloo on loopback",
+                  [render(cells)], found)
+    if args.json:
+        ratios: dict[str, dict[str, float]] = {}
+        for c in cells:
+            ratios.setdefault(c["op"], {})[str(c["bytes"])] = c["ratio"]
+        common.json_line({"collectives": {"ratios": ratios}})
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.member is not None:
+        member(args)
+        return 0
+    return coordinate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
