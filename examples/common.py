@@ -166,7 +166,8 @@ def assignments_from_flags(args: argparse.Namespace, parser: argparse.ArgumentPa
 
 
 class WorldSource:
-    """Worlds given once by `--worldinfo`: joined at start, dropped when they break."""
+    """Worlds given once (by `--worldinfo`, or by an environment without a live table): joined
+    at start, dropped when they break."""
 
     # How long closing waits, in all, for the worlds' communicators to be released.
     RELEASE_GRACE = 2.0
