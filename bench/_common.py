@@ -91,13 +91,15 @@ def gaps(times: Sequence[float]) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
-def worst_gap_in(times: Sequence[float], windows: Sequence[tuple[float, float]]) -> float:
-    """The longest interval between consecutive timestamps that overlaps any window."""
-    worst = 0.0
+def worst_gap_in(times: Sequence[float], windows: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The longest interval between consecutive timestamps that overlaps any window, and
+    where it starts relative to the start of that window (0.0, 0.0 when none overlaps)."""
+    worst, offset = 0.0, 0.0
     for a, b in zip(times, times[1:]):
-        if any(a < end and b > start for start, end in windows):
-            worst = max(worst, b - a)
-    return worst
+        for start, end in windows:
+            if a < end and b > start and b - a > worst:
+                worst, offset = b - a, a - start
+    return worst, offset
 
 
 # ---- output --------------------------------------------------------------------------------
@@ -118,7 +120,7 @@ class Target:
 
     def line(self) -> str:
         verdict = "PASS" if self.passed else "MISS"
-        return f"  {verdict}  {self.what}: {self.value:.3f}{self.unit} (target <= {self.limit:g}{self.unit})"
+        return f"  {verdict}  {self.what}: {self.value:.3g}{self.unit} (target <= {self.limit:g}{self.unit})"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
