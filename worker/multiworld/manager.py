@@ -210,6 +210,9 @@ class WorldManager:
         """Match the table: join new worlds and newer epochs (in the background), leave worlds
         that are gone. Older revisions are ignored. Never blocks."""
         table = table if isinstance(table, WorldTable) else WorldTable.model_validate(table)
+        if table.revision == 0 and not table.worlds:
+            # The default table: a platform that has published nothing yet, not "no worlds".
+            return
         with self._lock:
             if self._closed:
                 return

@@ -57,12 +57,6 @@ def stop_serving(world: str, port: int) -> None:
     log.debug("stopped serving the store of world %s on port %d", world, port)
 
 
-def serves(world: str, port: int) -> bool:
-    with _servers_lock:
-        held = _servers.get(port)
-        return held is not None and held[0] == world
-
-
 def connect(
     world: str, host: str, port: int, *, deadline: float, cancelled: threading.Event, wait_timeout: float
 ) -> TCPStore:

@@ -172,8 +172,6 @@ def connect(
     deadline = time.monotonic() + config.join_timeout
     if a.rank == 0:
         stores.serve(a.name, a.host, a.port)
-    else:
-        stores.stop_serving(a.name, a.port)
 
     def client() -> Any:
         return stores.connect(

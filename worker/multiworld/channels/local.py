@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 _RETRY = 0.5
 _CLOSE_FLUSH = 1.0
-_RECONNECT = object()  # queued by a reader whose connection ended
+_RECONNECT = object()  # queued to (re)connect with nothing to send: at start, or after a drop
 
 
 def parse_url(url: str) -> tuple[str, int]:
@@ -50,6 +50,7 @@ class LocalChannel:
 
     def start(self, on_table: TableCallback) -> None:
         self._on_table = on_table
+        self._queue.put(_RECONNECT)  # connect at once: the table may be waiting
         self._writer = threading.Thread(target=self._write_loop, name="mw-channel-local", daemon=True)
         self._writer.start()
 

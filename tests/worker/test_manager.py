@@ -1,0 +1,135 @@
+"""The manager's side of the contract, with both members of a world in this one process (two
+managers, gloo over loopback, each with its own local channel to the runner's real server)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+import multiworld as mw
+from multiworld.channels import open_channel
+from conftest import free_ports, table
+
+FAST = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=30, op_timeout=30)
+
+
+def managers(table_server, *pods: str) -> list[mw.WorldManager]:
+    return [mw.WorldManager(pod=pod, config=FAST, channel=open_channel(table_server.url, pod)) for pod in pods]
+
+
+async def all_reduce_pair(first: mw.World, second: mw.World) -> list[float]:
+    tensors = [torch.full((2,), float(w.rank + 1)) for w in (first, second)]
+    works = [w.all_reduce(t, async_op=True) for w, t in zip((first, second), tensors)]
+    await asyncio.gather(*works)
+    return tensors[0].tolist() + tensors[1].tolist()
+
+
+def test_apply_follows_the_table(table_server) -> None:
+    (port,) = free_ports(1)
+    table_server.publish(table(1, ("w", 1, port, ["p0", "p1"])))
+    m0, m1 = managers(table_server, "p0", "p1")
+
+    async def scenario() -> None:
+        first = [await m.wait_world("w", timeout=60) for m in (m0, m1)]
+        assert [w.epoch for w in first] == [1, 1] and [w.rank for w in first] == [0, 1]
+        assert await all_reduce_pair(*first) == [3.0] * 4
+
+        table_server.publish(table(2, ("w", 2, port, ["p0", "p1"])))
+        second = [await m.wait_world("w", newer_than=1, timeout=60) for m in (m0, m1)]
+        assert [w.epoch for w in second] == [2, 2]
+        assert first[0].broken and first[0].error.reason == "rank 0 moved on to epoch 2"
+        assert await all_reduce_pair(*second) == [3.0] * 4
+        table_server.wait_until(
+            lambda: any(s.pod == "p1" and s.joined == {"w": 2} for s in table_server.statuses), "p1 at epoch 2"
+        )
+
+        table_server.publish(table(3))
+        deadline = time.monotonic() + 60
+        while (m0.worlds() or m1.worlds()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert m0.worlds() == {} and m1.worlds() == {}
+        assert "left the world" in second[1].error.reason
+        assert m0.status().errors == {} and m1.status().errors == {}
+
+    asyncio.run(scenario())
+    # An older revision changes nothing.
+    m0.apply(table(2, ("w", 2, port, ["p0", "p1"])))
+    with pytest.raises(mw.UnknownWorldError, match="holds no world"):
+        m0.world("w")
+    assert not table_server.reports
+    for m in (m0, m1):
+        m.close()
+
+
+def test_a_broken_world_is_reported_and_its_name_used_again(table_server) -> None:
+    """p1 leaves: p0's pending op raises, p0 reports once and counts one error; then both
+    join the same world name at epoch 2 (p0 still serves its store) and it works."""
+    (port,) = free_ports(1)
+    m0, m1 = managers(table_server, "p0", "p1")
+
+    def at(epoch: int, rank: int) -> mw.WorldAssignment:
+        return mw.WorldAssignment(name="w", rank=rank, size=2, host="127.0.0.1", port=port, epoch=epoch)
+
+    async def scenario() -> None:
+        w0, w1 = await asyncio.gather(m0.join_async(at(1, 0)), m1.join_async(at(1, 1)))
+        pending = w0.all_reduce(torch.ones(1), async_op=True)
+        m1.leave("w")
+        with pytest.raises(mw.WorldBrokenError) as broken:
+            await pending
+        assert (broken.value.world, broken.value.epoch) == ("w", 1)
+        assert broken.value.reason == "rank 1 left the world (verdict of rank 1)"
+        with pytest.raises(mw.WorldBrokenError):
+            w0.barrier()
+        assert m0.world("w") is w0 and w0.broken
+        table_server.wait_until(lambda: len(table_server.reports) == 1, "one report")
+        report = table_server.reports[0]
+        assert (report.world, report.epoch, report.pod) == ("w", 1, "p0")
+        assert m0.status().errors == {"w": 1} and m0.status().joined == {}
+
+        with pytest.raises(mw.WorldJoinError, match="is broken"):
+            m0.join(at(1, 0))
+        v0, v1 = await asyncio.gather(m0.join_async(at(2, 0)), m1.join_async(at(2, 1)))
+        assert await all_reduce_pair(v0, v1) == [3.0] * 4
+        assert m0.status().joined == {"w": 2}
+        assert w0.wait_released(30)
+
+    asyncio.run(scenario())
+    for m in (m0, m1):
+        m.close()
+
+
+def test_join_refusals_and_waits(table_server) -> None:
+    (port,) = free_ports(1)
+    quick = mw.DetectConfig(join_timeout=1.0)
+    (manager,) = [mw.WorldManager(pod="p0", config=quick, channel=open_channel(table_server.url, "p0"))]
+    with pytest.raises(mw.UnknownWorldError) as unknown:
+        manager.world("nope")
+    assert isinstance(unknown.value, KeyError) and isinstance(unknown.value, ValueError)
+    assert str(unknown.value) == "unknown world 'nope': this process holds no world"
+    with pytest.raises(ValidationError, match="rank 5 is out of range for size 2"):
+        manager.join({"name": "w", "rank": 5, "size": 2, "host": "127.0.0.1", "port": port})
+    with pytest.raises(ValidationError, match="must be a DNS label"):
+        manager.join({"name": "World_1", "rank": 0, "size": 2, "host": "127.0.0.1", "port": port})
+
+    started = time.monotonic()
+    with pytest.raises(mw.WorldJoinError, match="cannot reach the store of world 'lonely'"):
+        manager.join(mw.WorldAssignment(name="lonely", rank=1, size=2, host="127.0.0.1", port=port))
+    assert time.monotonic() - started < 30
+    table_server.wait_until(
+        lambda: any(r.world == "lonely" and r.reason.startswith("join failed") for r in table_server.reports),
+        "the failed join reported",
+    )
+    if not torch.cuda.is_available():
+        with pytest.raises(mw.WorldJoinError, match="backend nccl needs a CUDA device"):
+            manager.join(mw.WorldAssignment(name="gpu", rank=0, size=2, host="127.0.0.1", port=port, backend="nccl"))
+    with pytest.raises(TimeoutError, match="world 'w'"):
+        manager.wait_world_blocking("w", timeout=0.2)
+    with pytest.raises(TimeoutError, match="world 'w'"):
+        asyncio.run(manager.wait_world("w", newer_than=3, timeout=0.2))
+    manager.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        manager.join(mw.WorldAssignment(name="w", rank=0, size=2, host="127.0.0.1", port=port))
