@@ -1,0 +1,366 @@
+"""The operator against a real API server: how fast a failed pod is replaced, and how many API
+writes one world failure costs as a MultiWorld grows.
+
+The bench starts its own control plane (etcd, kube-apiserver, kube-controller-manager; see
+tests/cluster/cluster.py) in a temp dir, installs the chart (CRD and RBAC, cluster-wide), and
+runs the operator (`multiworld operator --namespace NS`) as a process of its own, with the
+chart's ServiceAccount token (`--as admin`: the cluster admin's). There is no kubelet: a
+stand-in in this process watches the pods, marks each new one Running KUBELET_START_S after it
+appears, and marks a pod Failed on request, both by status patches as a kubelet would; it counts
+its own writes.
+
+- react: from a pod marked Failed (the clock starts before the patch is sent) to its
+  replacement existing at the new epoch (its created-for annotation, seen through a watch).
+  A MultiWorld of 2 worlds [leader, m<i>]; the exclusive pods fail in turn.
+- writes per failure: every write the API server counts (apiserver_request_total, write verbs,
+  every client) from the failure until the world is back (Running at the new epoch, its
+  WorldRecovered Event posted) and the API is quiet, minus the stand-in kubelet's own writes.
+  MultiWorlds of 2, 16 and 128 worlds, each world [leader, m<i>] with one exclusive pod
+  m<i>-0, which fails. Beside them: react at each size, and the API server's own time per
+  write request (apiserver_request_duration_seconds), which show where a larger MultiWorld's
+  failure spends its time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import _common as common
+from _apiserver_requests import Kind, Writes, label, scrape
+from _kubelet_stand_in import StandInKubelet
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+T = TypeVar("T")
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    """A module of tests/ (not a package) by its path, registered under `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# operator_support imports the cluster module under this name (tests/kube/conftest.py does the same).
+cluster_module = _load("multiworld_test_cluster", common.REPO / "tests" / "cluster" / "cluster.py")
+support = _load("operator_support", common.REPO / "tests" / "kube" / "operator_support.py")
+
+WORLD_COUNTS = (2, 16, 128)
+REACT_WORLDS = 2
+REACT_LIMIT_S = 0.3
+# A real kubelet needs at least this long to start a container. It also keeps the operator's
+# step that sees a new pod apart from the step that sees it Running, so the write count does
+# not depend on whether the operator happens to see both in one listing.
+KUBELET_START_S = 0.5
+# The API is quiet when no write was counted for this long.
+QUIET_S = 1.0
+# Generous: 129 pods and a 128-world status on two shared cores.
+WAIT_S = 300.0
+OPERATOR_STOP_S = 30.0
+# Every failure restarts at once: no backoff, a budget no bench run exhausts.
+POLICY = {"maxRestarts": 10000, "window": "1h", "backoff": {"initialDelay": "0s", "maxDelay": "0s"}}
+# What the stand-in kubelet writes: pod status patches, from the Python client.
+KUBELET_WRITE: Kind = ("PATCH", "pods", "status")
+KUBELET_ENCODING = "json"
+
+
+def parse_args(argv: Sequence[str] | None) -> Any:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--failures", type=common.positive(int), default=None,
+                   help="pod failures timed for react (default 20; 3 with --quick)")
+    p.add_argument("--repeats", type=common.positive(int), default=None,
+                   help="world failures counted per MultiWorld size (default 3; 1 with --quick)")
+    p.add_argument("--as", dest="credentials", choices=("chart", "admin"), default="chart",
+                   help="the operator's credentials: the chart's ServiceAccount (default) or the cluster admin")
+    args = p.parse_args(argv)
+    args.failures = args.failures or (3 if args.quick else 20)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    return args
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
+    return cluster_module.wait_for(what, probe, timeout)
+
+
+# ---- the scene: cluster, chart, operator ------------------------------------------------------
+
+
+def star(name: str, worlds: int) -> dict[str, Any]:
+    """A leader shared by `worlds` worlds, each with one exclusive pod."""
+    members = {"leader": 1, **{f"m{i}": 1 for i in range(worlds)}}
+    return support.manifest(name, members, {f"w{i}": ["leader", f"m{i}"] for i in range(worlds)}, POLICY)
+
+
+class OperatorProcess:
+    """`multiworld operator` serving one namespace with the credentials of `kubeconfig`."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
+        self.log_path = log_path
+        with open(log_path, "wb") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "multiworld_operator.cli", "operator", "--namespace", namespace],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)}, cwd=common.REPO,
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise cluster_module.ClusterError(f"the operator exited ({self.proc.returncode}):\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM, as Kubernetes would; then its log must show no refused request."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(OPERATOR_STOP_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if "forbidden" in self.log().lower():
+            raise cluster_module.ClusterError(f"the operator was refused a request:\n{self.log()[-3000:]}")
+
+
+@dataclass
+class Scene:
+    api: client.ApiClient
+    kube: Any  # operator_support.KubeNamespace
+    kubelet: StandInKubelet
+    operator: OperatorProcess
+    epochs: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def new_namespace(cluster: Any, api: client.ApiClient, prefix: str) -> str:
+    """A namespace whose default ServiceAccount exists (made by the controller-manager), so pods are admitted."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+
+    def default_account() -> bool:
+        cluster.check_alive()
+        try:
+            core.read_namespaced_service_account("default", name)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    wait_for(f"the default ServiceAccount of namespace {name}", default_account)
+    return name
+
+
+def operator_credentials(cluster: Any, api: client.ApiClient, kind: str) -> tuple[Path, str]:
+    """The chart installed for real; the kubeconfig the operator runs with, and what it is."""
+    release = support.install_release(cluster, new_namespace(cluster, api, "mw-system"), {})
+    if kind == "admin":
+        return cluster.kubeconfig, "the cluster admin (system:masters)"
+    return release.operator_kubeconfig, (f"the chart's ServiceAccount {release.namespace}/{release.fullname} "
+                                         "(its cluster-wide ClusterRole)")
+
+
+# ---- one failure -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailureCost:
+    react_s: float
+    requests: Writes  # every write the API server served meanwhile, the stand-in kubelet's included
+    kubelet_writes: int
+
+    @property
+    def writes(self) -> Writes:
+        """The writes the failure cost: the stand-in kubelet's own left out."""
+        return self.requests.without(KUBELET_WRITE, KUBELET_ENCODING, self.kubelet_writes)
+
+
+def quiet_writes(api: client.ApiClient) -> Writes:
+    """The API server's write totals once no write happened for QUIET_S: a failure's trailing
+    writes land before the count, and the next failure starts from a still API."""
+    previous = scrape(api)
+
+    def still() -> Writes | None:
+        nonlocal previous
+        time.sleep(QUIET_S)
+        now = scrape(api)
+        settled, previous = now.counts == previous.counts, now
+        return now if settled else None
+
+    return wait_for(f"the API server to see no write for {QUIET_S:g} s", still)
+
+
+def start(scene: Scene, name: str, worlds: int) -> None:
+    """Create the MultiWorld; return once every world is Running and its WorldReady Event is out."""
+    scene.kube.create(star(name, worlds))
+    scene.epochs[name] = {f"w{i}": 1 for i in range(worlds)}
+
+    def running() -> bool:
+        scene.operator.check_alive()
+        status = scene.kube.status(name)
+        return status.get("phase") == "Running" and \
+            {w: s["epoch"] for w, s in (status.get("worlds") or {}).items()} == scene.epochs[name]
+
+    wait_for(f"MultiWorld {name} Running with {worlds} worlds at epoch 1", running)
+    wait_for(f"a WorldReady Event per world of {name}",
+             lambda: scene.kube.event_reasons(name).count("WorldReady") == worlds)
+
+
+def fail_once(scene: Scene, name: str, index: int) -> FailureCost:
+    """Fail world w<index>'s exclusive pod; return once the world is back at its next epoch and
+    the API is quiet again."""
+    world, pod = f"w{index}", f"{name}-m{index}-0"
+    epoch = scene.epochs[name][world] + 1
+    recovered = scene.kube.event_reasons(name).count("WorldRecovered")
+    before = quiet_writes(scene.api)
+    kubelet_before = scene.kubelet.writes
+    since = scene.kubelet.mark()
+
+    failed_at = time.monotonic()
+    scene.kubelet.fail(pod)
+    replacement = scene.kubelet.wait_appeared(pod, {world: epoch}, since, WAIT_S)
+
+    def back() -> bool:
+        scene.operator.check_alive()
+        state = (scene.kube.status(name).get("worlds") or {}).get(world) or {}
+        return state.get("epoch") == epoch and state.get("phase") == "Running"
+
+    wait_for(f"world {world} of {name} Running at epoch {epoch}", back)
+    wait_for(f"the WorldRecovered Event of {world}",
+             lambda: scene.kube.event_reasons(name).count("WorldRecovered") > recovered)
+    scene.epochs[name][world] = epoch
+    requests = quiet_writes(scene.api) - before
+    return FailureCost(replacement.at - failed_at, requests, scene.kubelet.writes - kubelet_before)
+
+
+# ---- figures -----------------------------------------------------------------------------------
+
+
+def p99(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+def mean_writes(runs: list[FailureCost]) -> float:
+    return statistics.mean(c.writes.total() for c in runs)
+
+
+def render_react(samples: list[float]) -> str:
+    row = [str(len(samples)), common.fmt_s(statistics.median(samples)), common.fmt_s(p99(samples)),
+           common.fmt_s(min(samples)), common.fmt_s(max(samples))]
+    return (f"react: pod marked Failed -> its replacement exists at the new epoch ({REACT_WORLDS} worlds)\n"
+            + common.table(["failures", "median", "p99", "min", "max"], [row]))
+
+
+def render_writes(costs: dict[int, list[FailureCost]]) -> str:
+    kinds = sorted({k for runs in costs.values() for c in runs for k in c.writes.by_kind()}, key=label)
+    rows = []
+    for worlds, runs in costs.items():
+        totals = [c.writes.total() for c in runs]
+        rows.append([
+            str(worlds), str(len(runs)), f"{mean_writes(runs):.2f}", f"{min(totals)}-{max(totals)}",
+            f"{statistics.mean(c.writes.by_encoding('json') for c in runs):.2f}",
+            f"{statistics.mean(c.writes.by_encoding('protobuf') for c in runs):.2f}",
+            *(f"{statistics.mean(c.writes.by_kind()[k] for c in runs):.2f}" for k in kinds),
+        ])
+    return ("API writes per world failure, mean (every client; the stand-in kubelet's left out; "
+            "json: the operator, protobuf: kube-controller-manager)\n"
+            + common.table(["worlds", "failures", "writes", "min-max", "json", "protobuf", *map(label, kinds)], rows))
+
+
+def render_timing(costs: dict[int, list[FailureCost]]) -> str:
+    """Where a failure's time goes as worlds grow: react, and the API server's time per write."""
+    kinds = sorted({k for runs in costs.values() for c in runs for k in c.writes.by_kind()}, key=label)
+    rows = []
+    for worlds, runs in costs.items():
+        cells = []
+        for kind in kinds:
+            count = sum(c.requests.by_kind()[kind] for c in runs)
+            cells.append(common.fmt_s(sum(c.requests.seconds[kind] for c in runs) / count) if count else "-")
+        rows.append([str(worlds), common.fmt_s(statistics.median(c.react_s for c in runs)), *cells])
+    return ("react, and the API server's time per write request, mean\n"
+            + common.table(["worlds", "react (median)", *map(label, kinds)], rows))
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+def measure(scene: Scene, args: Any) -> tuple[list[float], dict[int, list[FailureCost]]]:
+    start(scene, "react", REACT_WORLDS)
+    react = [fail_once(scene, "react", i % REACT_WORLDS).react_s for i in range(args.failures)]
+    costs: dict[int, list[FailureCost]] = {}
+    for worlds in WORLD_COUNTS:
+        name = f"star{worlds}"
+        start(scene, name, worlds)
+        costs[worlds] = [fail_once(scene, name, r % worlds) for r in range(args.repeats)]
+    return react, costs
+
+
+def run(args: Any, directory: Path) -> tuple[list[float], dict[int, list[FailureCost]], str, str]:
+    """(react samples, failure costs by world count, the operator's credentials, the load at start)."""
+    try:
+        binaries = cluster_module.find_binaries()
+    except cluster_module.ClusterError as error:
+        raise cluster_module.ClusterError(f"{error}\n(`make kube-binaries` builds the control plane)") from error
+    cluster = cluster_module.Cluster(directory / "cluster")
+    cluster.start(binaries, detach=False)
+    try:
+        with cluster.api_client() as api:
+            kubeconfig, credentials = operator_credentials(cluster, api, args.credentials)
+            namespace = new_namespace(cluster, api, "bench")
+            loaded = common.machine_load()
+            operator = OperatorProcess(kubeconfig, namespace, directory / "operator.log")
+            try:
+                with StandInKubelet(api, namespace, KUBELET_START_S) as kubelet:
+                    react, costs = measure(Scene(api, support.KubeNamespace(api, namespace), kubelet, operator), args)
+            finally:
+                operator.stop()
+    finally:
+        cluster.stop()
+    return react, costs, credentials, loaded
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-operator-") as directory:
+        react, costs, credentials, loaded = run(args, Path(directory))
+    writes = {worlds: mean_writes(runs) for worlds, runs in costs.items()}
+    smallest, largest = min(WORLD_COUNTS), max(WORLD_COUNTS)
+    targets = [
+        common.Target("react median", statistics.median(react), REACT_LIMIT_S, " s"),
+        common.Target(f"writes per failure, |{largest} worlds - {smallest} worlds|",
+                      abs(writes[largest] - writes[smallest]), 0.0),
+    ]
+    setup = (f"operator: `multiworld operator` in its own process, as {credentials}\n"
+             f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)\n"
+             f"at start: {loaded}")
+    common.report("operator: failure reaction and API writes per world failure (real kube-apiserver)",
+                  [setup, render_react(react), render_writes(costs), render_timing(costs)], targets)
+    if args.json:
+        common.json_line({
+            "react_s": {"median": statistics.median(react), "p99": p99(react)},
+            "writes_per_failure": {str(worlds): value for worlds, value in writes.items()},
+        })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
