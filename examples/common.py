@@ -36,8 +36,10 @@ StepFn = Callable[[World, int], Awaitable[None]]
 
 
 def say(line: str) -> None:
-    """One output line, flushed so that a reader of the pipe sees it at once."""
-    print(line, flush=True)
+    """One output line in one write (processes sharing a pipe never split each other's lines),
+    flushed so that a reader of the pipe sees it at once."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def default_backend() -> str:
@@ -337,7 +339,11 @@ def run_example(step: StepFn, description: str | None = None, argv: Sequence[str
     """Parse the flags, take the worlds, drive each one with `step`; returns the exit status."""
     parser = build_parser(description)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("MULTIWORLD_LOG_LEVEL", "WARNING").upper())
+    # The example prints its own line for every break; the library's logs are there on request.
+    level = os.environ.get("MULTIWORLD_LOG_LEVEL", "ERROR").upper()
+    if not isinstance(logging.getLevelName(level), int):
+        parser.error(f"MULTIWORLD_LOG_LEVEL={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)")
+    logging.basicConfig(level=level)
     source = source_from_flags(args, parser) if args.worldinfo else source_from_env(parser)
     return asyncio.run(_run(source, step, args.steps, args.interval))
 

@@ -10,6 +10,7 @@ import signal
 
 from examples_harness import (
     EXIT_TIMEOUT,
+    load_common,
     ExampleProcess,
     example_script,
     finish,
@@ -59,6 +60,22 @@ def test_killing_a_world1_rank_leaves_world2_untouched() -> None:
         assert codes[name] == 0, outputs[name]
         assert f"done with step: {STEPS}" in processes[name].lines, outputs[name]
         assert not [line for line in processes[name].lines if "broke" in line], outputs[name]
+
+
+def test_single_world_without_a_death_every_rank_finishes() -> None:
+    common = load_common()
+    steps = 2
+    argv = [example_script("single_world"), "--backend", "gloo", "--worldsize", "3",
+            "--port", str(free_base_port(0)), "--steps", str(steps), "--interval", "0.05"]
+    parent = ExampleProcess("single_world", argv)
+    assert parent.wait() == 0, parent.output()
+    for step in range(1, steps + 1):
+        for rank in (1, 2):
+            sent = common.example_tensor("world", rank, step, common.torch.device("cpu"))
+            assert f"rank: {rank} sent tensor: {sent}" in parent.lines, parent.output()
+            assert f"rank: 0 received tensor: {sent} from rank {rank}" in parent.lines, parent.output()
+    assert parent.lines.count(f"done with step: {steps}") == 3, parent.output()
+    assert "exit codes by rank: [0, 0, 0]" in parent.lines, parent.output()
 
 
 def test_single_world_one_death_takes_everyone_down() -> None:
