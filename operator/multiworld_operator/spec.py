@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -203,21 +204,38 @@ class MultiWorld(_SpecModel):
 
     # -- members and pods -------------------------------------------------------------------
 
+    # Lookups are indexed once per (immutable) model: the planner asks them for every pod of
+    # every world, which scanned lists made cubic in the number of members.
+    @cached_property
+    def _members(self) -> dict[str, Member]:
+        return {m.name: m for m in self.spec.members}
+
+    @cached_property
+    def _worlds(self) -> dict[str, World]:
+        return {w.name: w for w in self.spec.worlds}
+
+    @cached_property
+    def _pod_index(self) -> dict[str, tuple[str, int]]:
+        return {pod_name(self.name, m.name, i): (m.name, i) for m in self.spec.members for i in range(m.replicas)}
+
+    @cached_property
+    def _member_worlds(self) -> dict[str, list[str]]:
+        return {m.name: [w.name for w in self.spec.worlds if m.name in w.ranks] for m in self.spec.members}
+
     def member(self, name: str) -> Member:
-        return self._declared(self.spec.members, "member", name)
+        return self._declared(self._members, "member", name)
 
     def pods_of(self, member: str) -> list[str]:
         return [pod_name(self.name, member, i) for i in range(self.member(member).replicas)]
 
     def all_pods(self) -> list[str]:
-        return [pod for m in self.spec.members for pod in self.pods_of(m.name)]
+        return list(self._pod_index)
 
     def member_of_pod(self, pod: str) -> tuple[str, int]:
-        for member in self.spec.members:
-            pods = self.pods_of(member.name)
-            if pod in pods:
-                return member.name, pods.index(pod)
-        raise KeyError(f"pod {pod!r} belongs to no member of MultiWorld {self.name!r}")
+        try:
+            return self._pod_index[pod]
+        except KeyError:
+            raise KeyError(f"pod {pod!r} belongs to no member of MultiWorld {self.name!r}") from None
 
     def template_of(self, member: str) -> dict[str, Any]:
         own = self.member(member).template
@@ -226,10 +244,10 @@ class MultiWorld(_SpecModel):
     # -- worlds -----------------------------------------------------------------------------
 
     def world(self, name: str) -> World:
-        return self._declared(self.spec.worlds, "world", name)
+        return self._declared(self._worlds, "world", name)
 
-    def _declared(self, items: list[_Named], what: str, name: str) -> _Named:
-        found = next((item for item in items if item.name == name), None)
+    def _declared(self, items: Mapping[str, _Named], what: str, name: str) -> _Named:
+        found = items.get(name)
         if found is None:
             raise KeyError(f"{what} {name!r} is not declared in MultiWorld {self.name!r}")
         return found
@@ -238,7 +256,7 @@ class MultiWorld(_SpecModel):
         return [pod for member in self.world(world).ranks for pod in self.pods_of(member)]
 
     def worlds_of_member(self, member: str) -> list[str]:
-        return [w.name for w in self.spec.worlds if member in w.ranks]
+        return list(self._member_worlds.get(member, []))
 
     def worlds_of_pod(self, pod: str) -> list[str]:
         member, _ = self.member_of_pod(pod)
