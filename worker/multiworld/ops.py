@@ -1,7 +1,8 @@
 """The per-world ops, with torch.distributed's argument names.
 
 Every op checks its arguments first (a clear error naming the argument), then runs on the
-world's own ProcessGroup. `async_op=False` blocks and returns None; `async_op=True` returns
+world's own communicator (the backend under its ProcessGroup, called directly: the
+ProcessGroup's dispatch costs as much as the rest of an op's Python side). `async_op=False` blocks and returns None; `async_op=True` returns
 a `Work` to `await`, `wait()` or poll. Options objects are cached per world: building one
 costs about as much as the rest of the Python side of an op.
 """
@@ -18,9 +19,9 @@ from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceOptions,
     AllToAllOptions,
+    Backend,
     BroadcastOptions,
     GatherOptions,
-    ProcessGroup,
     ReduceOptions,
     ReduceScatterOptions,
     ScatterOptions,
@@ -73,7 +74,7 @@ class Collectives:
     rank: int
     size: int
     _lock: threading.Lock
-    _pg: ProcessGroup | None
+    _comm: Backend | None
     _error: WorldBrokenError | None
     _pending: set[Work]
     _driver: Driver
@@ -125,18 +126,25 @@ class Collectives:
         return options
 
     def _reduce_opts(self, kind: str, factory: Callable[[], Any], op: AnyReduceOp, root: int | None = None) -> Any:
+        # A ReduceOp instance (not its enum) may carry a factor (PREMUL_SUM): never shared.
+        shared = not isinstance(op, TorchReduceOp) or isinstance(op, TorchReduceOp.RedOpType)
+        if shared:
+            try:
+                options = self._options.get((kind, op, root))
+            except TypeError:  # unhashable: not a ReduceOp; _reduce_op_name says so
+                shared = False
+            else:
+                if options is not None:
+                    return options
         name = _reduce_op_name(op)
-
-        def build() -> Any:
-            self._driver.check_reduce_op(kind, name)
-            options = factory()
-            options.reduceOp = op if isinstance(op, TorchReduceOp) else getattr(TorchReduceOp, name)
-            if root is not None:
-                options.rootRank, options.rootTensor = root, 0
-            return options
-
-        # A ReduceOp instance may carry a factor, so it is never shared.
-        return build() if isinstance(op, TorchReduceOp) else self._cached((kind, name, root), build)
+        self._driver.check_reduce_op(kind, name)
+        options = factory()
+        options.reduceOp = getattr(TorchReduceOp, name) if shared else op
+        if root is not None:
+            options.rootRank, options.rootTensor = root, 0
+        if shared:
+            self._options[(kind, op, root)] = options
+        return options
 
     def _rooted_opts(self, kind: str, factory: Callable[[], Any], root: int) -> Any:
         def build() -> Any:
@@ -150,13 +158,13 @@ class Collectives:
 
     # -- running ops -------------------------------------------------------------------
 
-    def _start(self, op: str, call: Callable[[ProcessGroup], Any], track: bool) -> tuple[Any, Work | None]:
+    def _start(self, op: str, call: Callable[[Backend], Any], track: bool) -> tuple[Any, Work | None]:
         with self._lock:
             if self._error is not None:
                 raise self._error.fresh()
-            assert self._pg is not None
+            assert self._comm is not None
             try:
-                torch_work = call(self._pg)
+                torch_work = call(self._comm)
             except RuntimeError as exc:
                 text = str(exc).lower()
                 if "not supported" in text or "not implemented" in text or "unsupported" in text:
@@ -168,7 +176,7 @@ class Collectives:
             self._pending.add(work)
             return torch_work, work
 
-    def _run(self, op: str, call: Callable[[ProcessGroup], Any], async_op: bool) -> Work | None:
+    def _run(self, op: str, call: Callable[[Backend], Any], async_op: bool) -> Work | None:
         if op in self._driver.waited_ops:
             assert self._waiters is not None
             _, work = self._start(op, call, track=True)

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import PrefixStore, ProcessGroup
+from torch._C._distributed_c10d import Backend, PrefixStore, ProcessGroup
 
 from multiworld import shutdown, stores
 from multiworld.backends import Driver, make_driver
@@ -48,6 +48,7 @@ class World(Collectives):
         self.epoch = assignment.epoch
         self.backend = assignment.backend
         self._pg: ProcessGroup | None = pg
+        self._comm: Backend | None = pg._get_backend(driver.device or torch.device("cpu"))
         self._driver = driver
         self._lock = threading.Lock()
         self._error: WorldBrokenError | None = None
@@ -151,7 +152,7 @@ class World(Collectives):
 
     def _take_pg(self) -> ProcessGroup | None:
         with self._lock:
-            pg, self._pg = self._pg, None
+            pg, self._pg, self._comm = self._pg, None, None
         if self._waiters is not None:
             self._waiters.stop()
         return pg
