@@ -1,0 +1,83 @@
+"""The worker benches (collectives, failover, recovery) run end to end with their smallest
+settings (--quick) and report their figures in the documented JSON shape. Their speed targets
+are the benches' business: no timing is asserted here, only that every figure is a finite
+positive number (a count of errors may be zero)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+# Several processes importing torch on two shared cores, then the measurements.
+RUN_S = 600
+
+
+def run_bench(name: str) -> dict[str, Any]:
+    result = subprocess.run([sys.executable, str(BENCH / name), "--quick", "--json"], capture_output=True,
+                            text=True, timeout=RUN_S, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    # The readable report comes first, with a verdict per target; the JSON line is the last.
+    assert any(line.startswith(("  PASS", "  MISS")) for line in lines[:-1]), result.stdout
+    figures = json.loads(lines[-1])
+    assert isinstance(figures, dict), lines[-1]
+    return figures
+
+
+def positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def error_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def spread(value: Any) -> bool:
+    return (isinstance(value, dict) and set(value) == {"min", "median", "max"}
+            and all(positive(v) for v in value.values()) and value["min"] <= value["median"] <= value["max"])
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_collectives_reports_a_ratio_per_op_and_size() -> None:
+    figures = run_bench("collectives.py")
+    assert set(figures) == {"collectives"}
+    assert set(figures["collectives"]) == {"ratios"}
+    ratios = figures["collectives"]["ratios"]
+    assert set(ratios) == {"all_reduce", "all_reduce_async", "all_gather", "broadcast", "send_recv"}
+    for op, by_size in ratios.items():
+        assert by_size, op
+        assert all(size.isdigit() and int(size) > 0 for size in by_size), (op, by_size)
+        assert all(positive(r) for r in by_size.values()), (op, by_size)
+    # Every op is measured at the same sizes.
+    assert len({tuple(sorted(by_size)) for by_size in ratios.values()}) == 1, ratios
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_failover_reports_detection_per_failure_and_the_other_world() -> None:
+    figures = run_bench("failover.py")
+    assert set(figures) == {"failover"}
+    failover = figures["failover"]
+    assert set(failover) == {"detect_s", "other_world"}
+    assert set(failover["detect_s"]) == {"crash_busy", "crash_idle", "frozen", "store_host"}
+    assert all(spread(v) for v in failover["detect_s"].values()), failover["detect_s"]
+    other = failover["other_world"]
+    assert set(other) == {"worst_gap_ratio", "errors"}
+    assert positive(other["worst_gap_ratio"]) and error_count(other["errors"]), other
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_recovery_reports_recovery_import_time_and_the_unaffected_world() -> None:
+    figures = run_bench("recovery.py")
+    assert set(figures) == {"recovery_s", "torch_import_s", "unaffected"}
+    assert spread(figures["recovery_s"]), figures
+    assert positive(figures["torch_import_s"]), figures
+    unaffected = figures["unaffected"]
+    assert set(unaffected) == {"worst_gap_ratio", "errors"}
+    assert positive(unaffected["worst_gap_ratio"]) and error_count(unaffected["errors"]), unaffected
