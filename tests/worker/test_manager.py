@@ -123,6 +123,19 @@ def test_join_refusals_and_waits(table_server) -> None:
         lambda: any(r.world == "lonely" and r.reason.startswith("join failed") for r in table_server.reports),
         "the failed join reported",
     )
+    # A rendezvous that times out frees its rank: the same epoch can be joined afterwards.
+    alone = mw.WorldAssignment(name="pair", rank=0, size=2, host="127.0.0.1", port=port)
+    with pytest.raises(mw.WorldJoinError, match="timed out waiting for rank"):
+        manager.join(alone)
+    partner = mw.WorldManager(pod="p1", config=FAST)
+
+    async def together() -> list[mw.World]:
+        return await asyncio.gather(
+            manager.join_async(alone), partner.join_async(alone.model_copy(update={"rank": 1}))
+        )
+
+    assert [w.rank for w in asyncio.run(together())] == [0, 1]
+    partner.close()
     if not torch.cuda.is_available():
         with pytest.raises(mw.WorldJoinError, match="backend nccl needs a CUDA device"):
             manager.join(mw.WorldAssignment(name="gpu", rank=0, size=2, host="127.0.0.1", port=port, backend="nccl"))

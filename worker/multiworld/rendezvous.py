@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 from torch.distributed import Store
 
@@ -39,14 +40,26 @@ class Rendezvous:
         self._cancelled = cancelled
         self._prefix = assignment.store_prefix
         self._what = f"world {assignment.name!r} epoch {assignment.epoch}"
+        self._claim_key = f"{self._prefix}claim/{assignment.rank}"
 
     def run(self) -> None:
         """Return when every member of this epoch is present and agrees; raise otherwise."""
+        self._guarded(self._fence_epoch)
+        self._guarded(self._claim_rank)
         try:
-            self._fence_epoch()
-            self._claim_rank()
-            self._announce()
-            self._check_members(self._wait_for_members())
+            self._guarded(self._announce)
+            self._guarded(lambda: self._check_members(self._wait_for_members()))
+        except WorldJoinError:
+            # Free the rank again, so that this epoch can be joined later (best effort).
+            try:
+                self._store.delete_key(self._claim_key)
+            except Exception:
+                pass
+            raise
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        try:
+            step()
         except WorldJoinError:
             raise
         except Exception as exc:  # the store went away under us
@@ -63,9 +76,8 @@ class Rendezvous:
                 return
 
     def _claim_rank(self) -> None:
-        rank = self._a.rank
-        if self._store.add(f"{self._prefix}claim/{rank}", 1) != 1:
-            raise WorldJoinError(f"{self._what}: rank {rank} is already taken by another process")
+        if self._store.add(self._claim_key, 1) != 1:
+            raise WorldJoinError(f"{self._what}: rank {self._a.rank} is already taken by another process")
 
     def _announce(self) -> None:
         # The abort key and heartbeat counter exist before anyone can see this member, so the

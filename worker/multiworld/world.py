@@ -142,13 +142,10 @@ class World(Collectives):
                 release_in_background([self])
         return error
 
-    def _let_verdict_out(self) -> None:
-        """Before aborting: give the peers a couple of heartbeat ticks to read the verdict (or
-        the newer epoch) from the store, so they learn why rather than just see the
-        connection close."""
+    def _verdict_written(self) -> None:
+        """Wait (bounded) until the heartbeat has written this member's verdict, if any."""
         if self._published:
             self._heartbeat.join(self._heartbeat.dead_after)
-        time.sleep(2 * self._slice.total_seconds())
 
     def _take_pg(self) -> ProcessGroup | None:
         with self._lock:
@@ -204,8 +201,11 @@ def release_in_background(worlds: list[World]) -> None:
 def _release(worlds: list[World]) -> None:
     # Each communicator lives only in its one-element holder, so the thread that empties the
     # holder is the one that runs its destructor.
+    # Before aborting, give the peers a couple of heartbeat ticks to read the verdict (or the
+    # newer epoch) from the store, so they learn why rather than just see connections close.
     for world in worlds:
-        world._let_verdict_out()
+        world._verdict_written()
+    time.sleep(2 * max(world._slice.total_seconds() for world in worlds))
     held: list[tuple[World, list[ProcessGroup]]] = []
     for world in worlds:
         # None: an earlier release took it, and that one sets `_released` when done.
