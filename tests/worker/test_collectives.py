@@ -7,7 +7,7 @@ the same processes in reverse rank order, so each process has a different rank i
 
 from __future__ import annotations
 
-from conftest import TEST_DETECT, assignment, free_ports
+from worker_support import TEST_DETECT, assignment, free_ports
 
 SIZE = 4
 

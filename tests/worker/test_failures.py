@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import time
 
-from conftest import TEST_DETECT, assignment, free_ports, static_env, table
+from worker_support import TEST_DETECT, assignment, free_ports, static_env, table
 
 DETECTED_WITHIN = 10.0
 

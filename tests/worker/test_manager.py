@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 import multiworld as mw
 from multiworld.channels import open_channel
-from conftest import free_ports, table
+from worker_support import free_ports, table
 
 FAST = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=30, op_timeout=30)
 

@@ -1,0 +1,170 @@
+"""Helpers of the worker tests: real member processes (gloo over loopback) and the local
+runner's real channel server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from multiworld.contract import BrokenWorldReport, WorkerEnv, WorkerStatus, WorldAssignment, WorldEntry, WorldTable
+from multiworld_operator.local.channel_server import ChannelServer
+
+MEMBER = Path(__file__).with_name("member.py")
+# Generous: two busy cores, several processes importing torch at once.
+WAIT = 90.0
+# Tests run on busy machines: a heartbeat a little late must not look like a death.
+TEST_DETECT = {"dead_after": 2.0, "join_timeout": 60.0, "op_timeout": 60.0}
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def assignment(name: str, rank: int, size: int, port: int, epoch: int = 1) -> dict[str, Any]:
+    return WorldAssignment(name=name, rank=rank, size=size, host="127.0.0.1", port=port, epoch=epoch).model_dump()
+
+
+class Member:
+    """One member process running a scenario of member.py; its stdout is JSON events."""
+
+    def __init__(self, scenario: str, args: dict[str, Any], env: dict[str, str] | None = None) -> None:
+        self.scenario = scenario
+        self.events: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self._stderr = tempfile.TemporaryFile()
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MEMBER), scenario, json.dumps(args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=full_env,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            with self._cond:
+                self.events.append(event)
+                self._cond.notify_all()
+        with self._cond:
+            self.events.append({"event": "eof"})
+            self._cond.notify_all()
+
+    def stderr(self) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-4000:]
+
+    def wait_for(self, name: str, timeout: float = WAIT, **match: Any) -> dict[str, Any]:
+        """The first event `name` whose fields include `match`."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for event in self.events:
+                    if event["event"] == name and all(event.get(k) == v for k, v in match.items()):
+                        return event
+                    if event["event"] == "eof":
+                        raise AssertionError(f"{self.scenario} ended before {name} {match}:\n{self.stderr()}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {name} {match} within {timeout}s from {self.scenario}:\n{self.stderr()}")
+                self._cond.wait(left)
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        with self._cond:
+            return [e for e in self.events if e["event"] == name]
+
+    def tell(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.kill(self.proc.pid, sig)
+
+    def wait_exit(self, timeout: float = WAIT) -> int:
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class TableServer:
+    """The local runner's real channel server, on its own event loop thread."""
+
+    def __init__(self) -> None:
+        self.reports: list[BrokenWorldReport] = []
+        self.statuses: list[WorkerStatus] = []
+        self._cond = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._server = ChannelServer(on_report=self._record, on_status=self._record)
+        self.url = asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(10)
+
+    def _record(self, message: BrokenWorldReport | WorkerStatus) -> None:
+        with self._cond:
+            (self.reports if isinstance(message, BrokenWorldReport) else self.statuses).append(message)
+            self._cond.notify_all()
+
+    def publish(self, table: WorldTable) -> None:
+        self._loop.call_soon_threadsafe(self._server.publish, table)
+
+    def wait_until(self, predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"{what} within {timeout}s; reports {self.reports}, statuses {self.statuses[-5:]}")
+                self._cond.wait(left)
+
+    def env(self, pod: str, worlds: list[dict[str, Any]]) -> dict[str, str]:
+        return WorkerEnv(pod=pod, worlds=worlds, table=self.url).to_env()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._server.close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def table(revision: int, *entries: tuple[str, int, int, list[str]]) -> WorldTable:
+    """entries: (world, epoch, port, pods in rank order)."""
+    return WorldTable(
+        revision=revision,
+        worlds=[WorldEntry(name=n, epoch=e, host="127.0.0.1", port=p, pods=pods) for n, e, p, pods in entries],
+    )
+
+
+def static_env(pod: str, worlds: list[dict[str, Any]]) -> dict[str, str]:
+    return WorkerEnv(pod=pod, worlds=worlds).to_env()
