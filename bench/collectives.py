@@ -3,11 +3,12 @@
 Three member processes (gloo over loopback) hold both a multiworld World and a raw
 ProcessGroupGloo on its own TCPStore, and run every op through both, in the same processes,
 interleaved round by round (which one goes first alternates) so that drift in the machine's
-load cancels out. Each round yields a ratio library/raw of the median op times in that round;
-the reported ratio is the median of those per-round ratios. send_recv is one ping-pong
+load cancels out. A round's time for an implementation is the slowest rank's median op time
+in it; each round yields a ratio library/raw, and the reported ratio is the median of those
+per-round ratios (times: the median over rounds). send_recv is one ping-pong
 between ranks 0 and 1 (rank 2 idles); all_reduce_async is `await world.all_reduce(...,
 async_op=True)` on an event loop, against the raw work's torch future bridged into the same
-loop. Times are rank 0's.
+loop.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from typing import Any
 import _common as common
 
 OPS = ("all_reduce", "all_reduce_async", "all_gather", "broadcast", "send_recv")
+# The noise floor of the method: the raw all_reduce on a second raw group against the first.
+CONTROL = "control"
+CELLS = (*OPS, CONTROL)
 SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 QUICK_SIZES = (4 << 10, 1 << 20)
 RANKS = 3
@@ -46,12 +50,17 @@ def parse_args(argv: Sequence[str] | None) -> Any:
                    help="rounds per op and size at the least (default 8; 3 with --quick)")
     p.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
                    help="comma-separated tensor sizes in bytes (default 4K,64K,1M,4M,16M)")
+    p.add_argument("--ops", type=lambda s: tuple(s.split(",")), default=OPS,
+                   help=f"comma-separated ops to measure (default all: {','.join(OPS)}); {CONTROL} is always measured")
     p.add_argument("--member", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ports", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.budget = args.budget or (0.2 if args.quick else 2.0)
     args.min_rounds = args.min_rounds or (3 if args.quick else 8)
     args.sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    unknown = set(args.ops) - set(OPS)
+    if unknown:
+        p.error(f"--ops: unknown op(s) {', '.join(sorted(unknown))}; choose from {', '.join(OPS)}")
     if any(s <= 0 or s % 4 for s in args.sizes):
         p.error(f"--sizes: every size must be a positive multiple of 4 bytes (float32), got {args.sizes}")
     return args
@@ -98,6 +107,7 @@ class Bench:
         )
         self._store = TCPStore("127.0.0.1", raw_port, RANKS, rank == 0, timedelta(seconds=120))
         self.raw = ProcessGroupGloo(PrefixStore("raw/", self._store), rank, RANKS, timedelta(seconds=600))
+        self.raw2 = ProcessGroupGloo(PrefixStore("raw2/", self._store), rank, RANKS, timedelta(seconds=600))
 
     def ops(self, kind: str, size: int) -> tuple[Op, Op]:
         """(library, raw) for one op on `size` bytes of float32."""
@@ -106,6 +116,16 @@ class Bench:
         if kind == "all_reduce":
             async def lib_op() -> None:
                 w.all_reduce(t)
+
+            async def raw_op() -> None:
+                raw.allreduce([t]).wait()
+
+            return lib_op, raw_op
+        if kind == CONTROL:
+            raw2 = self.raw2
+
+            async def lib_op() -> None:
+                raw2.allreduce([t]).wait()
 
             async def raw_op() -> None:
                 raw.allreduce([t]).wait()
@@ -189,18 +209,15 @@ class Bench:
         per_round = max(1, min(MAX_OPS_PER_ROUND, int(ROUND_S / max(warm, 1e-6))))
         rounds = max(min_rounds, int(budget / (2 * per_round * max(warm, 1e-6))))
         per_round, rounds = self._agree(per_round, rounds)
-        lib: list[float] = []
-        raw: list[float] = []
-        ratios: list[float] = []
+        # Per round and implementation, this rank's median op time (columns: library, raw).
+        medians = self.torch.zeros(rounds, 2, dtype=self.torch.float64)
         for i in range(rounds):
-            order = ((lib_op, lib), (raw_op, raw)) if i % 2 == 0 else ((raw_op, raw), (lib_op, lib))
-            medians: dict[int, float] = {}
-            for op, sink in order:
-                times = await self._times(op, per_round)
-                sink.extend(times)
-                medians[id(sink)] = statistics.median(times)
-            if medians[id(raw)] > 0:
-                ratios.append(medians[id(lib)] / medians[id(raw)])
+            order = ((0, lib_op), (1, raw_op)) if i % 2 == 0 else ((1, raw_op), (0, lib_op))
+            for column, op in order:
+                medians[i, column] = statistics.median(await self._times(op, per_round))
+        slowest = self._slowest(medians)
+        lib, raw = slowest[:, 0].tolist(), slowest[:, 1].tolist()
+        ratios = [a / b for a, b in zip(lib, raw) if b > 0]
         return {
             "op": kind,
             "bytes": size,
@@ -211,8 +228,15 @@ class Bench:
             "per_round": per_round,
         }
 
-    async def run(self, sizes: Sequence[int], budget: float, min_rounds: int) -> list[dict[str, Any]]:
-        return [await self.cell(kind, size, budget, min_rounds) for size in sizes for kind in OPS]
+    def _slowest(self, medians: Any) -> Any:
+        """Per round, the slowest rank's medians (a root or an idle rank finishes early). The
+        gather also keeps every rank in the same cell."""
+        every = [self.torch.empty_like(medians) for _ in range(RANKS)]
+        self.raw.allgather([every], [medians]).wait()
+        return self.torch.stack(every).amax(dim=0)
+
+    async def run(self, ops: Sequence[str], sizes: Sequence[int], budget: float, min_rounds: int) -> list[dict[str, Any]]:
+        return [await self.cell(kind, size, budget, min_rounds) for size in sizes for kind in (*ops, CONTROL)]
 
     def close(self) -> None:
         self.raw.barrier().wait()
@@ -225,7 +249,7 @@ def member(args: Any) -> None:
     lib_port, raw_port = (int(p) for p in args.ports.split(","))
     bench = Bench(args.member, lib_port, raw_port)
     common.emit("joined", rank=args.member)
-    cells = asyncio.run(bench.run(args.sizes, args.budget, args.min_rounds))
+    cells = asyncio.run(bench.run(args.ops, args.sizes, args.budget, args.min_rounds))
     if args.member == 0:
         common.emit("results", cells=cells)
     bench.close()
@@ -237,6 +261,8 @@ def member(args: Any) -> None:
 def targets(cells: list[dict[str, Any]]) -> list[common.Target]:
     out = []
     for c in cells:
+        if c["op"] == CONTROL:
+            continue
         label = f"{c['op']} {common.fmt_bytes(c['bytes'])} ratio"
         if c["bytes"] >= LARGE_FROM:
             out.append(common.Target(label, c["ratio"], LARGE_LIMIT))
@@ -249,17 +275,20 @@ def render(cells: list[dict[str, Any]]) -> str:
     rows = [
         [c["op"], common.fmt_bytes(c["bytes"]), common.fmt_s(c["lib_s"]), common.fmt_s(c["raw_s"]),
          f"{c['ratio']:.3f}", f"{c['rounds']}x{c['per_round']}"]
-        for c in sorted(cells, key=lambda c: (OPS.index(c["op"]), c["bytes"]))
+        for c in sorted(cells, key=lambda c: (CELLS.index(c["op"]), c["bytes"]))
     ]
-    return common.table(["op", "size", "library (median)", "raw gloo (median)", "ratio lib/raw", "rounds"], rows)
+    note = (f"{CONTROL}: a raw all_reduce on a second raw group in the library's column: the noise floor of "
+            "this run (a ratio further from 1 than it is not resolved)")
+    return common.table(["op", "size", "library (median)", "raw gloo (median)", "ratio lib/raw", "rounds"], rows) + (
+        "\n" + note)
 
 
 def coordinate(args: Any) -> int:
     lib_port, raw_port = common.free_ports(2)
     script = Path(__file__).resolve()
     flags = ["--ports", f"{lib_port},{raw_port}", "--budget", str(args.budget), "--min-rounds", str(args.min_rounds),
-             "--sizes", ",".join(map(str, args.sizes))]
-    wait = 120.0 + len(args.sizes) * len(OPS) * (args.budget * 3 + 10)
+             "--sizes", ",".join(map(str, args.sizes)), "--ops", ",".join(args.ops)]
+    wait = 120.0 + len(args.sizes) * (len(args.ops) + 1) * (args.budget * 3 + 10)
     with common.Members(script) as members:
         ranks = [members.start(f"rank{r}", ["--member", str(r), *flags]) for r in range(RANKS)]
         cells = ranks[0].wait_for("results", timeout=wait)["cells"]
@@ -271,7 +300,8 @@ def coordinate(args: Any) -> int:
     if args.json:
         ratios: dict[str, dict[str, float]] = {}
         for c in cells:
-            ratios.setdefault(c["op"], {})[str(c["bytes"])] = c["ratio"]
+            if c["op"] != CONTROL:
+                ratios.setdefault(c["op"], {})[str(c["bytes"])] = c["ratio"]
         common.json_line({"collectives": {"ratios": ratios}})
     return 0
 
