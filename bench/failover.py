@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -218,12 +219,12 @@ def victim(command: dict[str, Any]) -> None:
 # ---- the coordinator -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
 class Trial:
-    def __init__(self, scenario: str, signalled: float, detected: float, reason: str) -> None:
-        self.scenario = scenario
-        self.signalled = signalled
-        self.detected = detected
-        self.reason = reason
+    scenario: str
+    signalled: float
+    detected: float
+    reason: str
 
     @property
     def latency(self) -> float:
@@ -231,40 +232,56 @@ class Trial:
 
 
 def run_trial(
-    scenario: str, index: int, survivor_proc: common.Member, spawn: common.Member, quiet_s: float
+    scenario: str, index: int, survivor_proc: common.Member, spawn: common.Member, quiet_s: float,
+    victims: list[int],
 ) -> Trial:
     rank, busy, sig = SETUP[scenario]
     name = f"t{index}"
     (port,) = common.free_ports(1)
     survivor_proc.tell({"cmd": "trial", "world": name, "rank": rank, "port": port, "busy": busy})
     spawn.tell({"world": name, "rank": 1 - rank, "port": port, "busy": busy})
-    victim_pid = spawn.wait_for("victim_joined", world=name)["pid"]
+    victim = spawn.wait_for("victim_joined", world=name)["pid"]
+    victims.append(victim)
     survivor_proc.wait_for("joined", world=name)
     if busy:
         survivor_proc.wait_for("streaming", world=name)
     time.sleep(quiet_s)
     signalled = time.time()
-    os.kill(victim_pid, sig)
+    os.kill(victim, sig)
     broken = survivor_proc.wait_for("broken", timeout=DETECT_WAIT_S, world=name)
     if sig != signal.SIGKILL:
-        os.kill(victim_pid, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)  # a frozen victim: gone before the next trial
     return Trial(scenario, signalled, broken["at"], broken["reason"])
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL the victims (frozen ones included); they are the spawner's children, which
+    outlive it otherwise."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def coordinate(args: Any) -> int:
     script = Path(__file__).resolve()
     (other_port,) = common.free_ports(1)
     trials: list[Trial] = []
+    victims: list[int] = []
     with common.Members(script) as members:
         surv = members.start("survivor", ["--member", "survivor", "--port", str(other_port)])
         peer_proc = members.start("peer", ["--member", "peer", "--port", str(other_port)])
         spawn = members.start("spawner", ["--member", "spawner"])
         surv.wait_for("ready")
         spawn.wait_for("ready")
-        for round_ in range(args.trials):
-            for scenario in SCENARIOS:
-                trials.append(run_trial(scenario, len(trials), surv, spawn, args.quiet_s))
-                time.sleep(args.after_s)
+        try:
+            for _ in range(args.trials):
+                for scenario in SCENARIOS:
+                    trials.append(run_trial(scenario, len(trials), surv, spawn, args.quiet_s, victims))
+                    time.sleep(args.after_s)
+        finally:
+            kill_all(victims)
         surv.tell({"cmd": "stop"})
         other = surv.wait_for("other")
         peer_proc.tell({"cmd": "stop"})
