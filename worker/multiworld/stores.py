@@ -23,12 +23,14 @@ log = logging.getLogger(__name__)
 _PROBE_TIMEOUT = 0.5
 _PROBE_INTERVAL = 0.05
 
+LOOPBACK = "127.0.0.1"
+
 _servers: dict[int, tuple[str, TCPStore]] = {}
 _servers_lock = threading.Lock()
 
 
-def serve(world: str, host: str, port: int) -> None:
-    """Make sure this process serves the store of `world` on `port`."""
+def serve(world: str, port: int) -> None:
+    """Make sure this process serves the store of `world` on `port` (every interface)."""
     with _servers_lock:
         held = _servers.get(port)
         if held is not None:
@@ -39,7 +41,8 @@ def serve(world: str, host: str, port: int) -> None:
                 )
             return
         try:
-            server = TCPStore(host, port, None, True, timedelta(seconds=60), wait_for_workers=False)
+            # The server listens on every interface; `host` is only where its own client connects.
+            server = TCPStore(LOOPBACK, port, None, True, timedelta(seconds=60), wait_for_workers=False)
         except Exception as exc:
             raise WorldJoinError(f"cannot serve the store of world {world!r} on port {port}: {exc}") from exc
         _servers[port] = (world, server)

@@ -168,12 +168,15 @@ def connect(
     a = assignment
     driver = make_driver(a.backend, device)
     deadline = time.monotonic() + config.join_timeout
+    # Rank 0 serves the store on every interface and reaches it over loopback, so it never
+    # waits for its own name to resolve (a new pod's DNS record can lag).
     if a.rank == 0:
-        stores.serve(a.name, a.host, a.port)
+        stores.serve(a.name, a.port)
+    host = stores.LOOPBACK if a.rank == 0 else a.host
 
     def client() -> Any:
         return stores.connect(
-            a.name, a.host, a.port, deadline=deadline, cancelled=cancelled, wait_timeout=config.join_timeout
+            a.name, host, a.port, deadline=deadline, cancelled=cancelled, wait_timeout=config.join_timeout
         )
 
     store = client()
