@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -19,11 +20,16 @@ REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 300
 
 
+def run_name(tmp_path: Path) -> str:
+    """Unique per test, so that concurrent runs of the suite never see each other's members."""
+    return f"e2e-{zlib.crc32(str(tmp_path).encode()):08x}"
+
+
 def manifest(tmp_path: Path, worlds: list[dict], members: list[dict], example: str = "all_gather",
              steps: int = 100000) -> Path:
     """A copy of an example's manifest with the topology given and fast steps."""
     doc = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
-    doc["metadata"]["name"] = "e2e"
+    doc["metadata"]["name"] = run_name(tmp_path)
     doc["spec"]["members"] = members
     doc["spec"]["worlds"] = worlds
     doc["spec"]["template"]["spec"]["containers"][0]["args"] = ["--steps", str(steps), "--interval", "0.1"]
@@ -49,19 +55,19 @@ def run(path: Path, tmp_path: Path, *flags: str) -> dict:
     summary["_stderr"] = result.stderr
     summary["_rc"] = result.returncode
     assert summary["orphans"] == 0, result.stderr
-    assert not leftover_processes(tmp_path / "logs"), "a member process outlived the run"
+    assert not leftover_processes(run_name(tmp_path)), "a member process outlived the run"
     return summary
 
 
-def leftover_processes(log_dir: Path) -> list[int]:
-    """Processes whose environment points at this run's manifest members (MULTIWORLD_POD=e2e-*)."""
+def leftover_processes(name: str) -> list[int]:
+    """Processes whose environment names a pod of this run's MultiWorld (MULTIWORLD_POD=<name>-*)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if b"MULTIWORLD_POD=e2e-" in env and int(pid) != os.getpid():
+        if f"MULTIWORLD_POD={name}-".encode() in env:
             found.append(int(pid))
     return found
 
