@@ -72,16 +72,18 @@ def leftover_processes(name: str) -> list[int]:
     return found
 
 
-def recovered_once(world: dict) -> None:
-    assert world["failures"] == 1, world
-    assert world["recoveries"] == 1, world
-    assert world["epoch"] == 2 and world["phase"] == "Running", world
+def recovered_once(summary: dict, name: str) -> None:
+    world = summary["worlds"][name]
+    why = (name, world, summary["_stderr"])
+    assert world["failures"] == 1, why
+    assert world["recoveries"] == 1, why
+    assert world["epoch"] == 2 and world["phase"] == "Running", why
     assert len(world["recovery_seconds"]) == 1 and world["recovery_seconds"][0] > 0
 
 
 def test_killing_an_exclusive_member_rebuilds_only_its_world(tmp_path):
     summary = run(manifest(tmp_path, **SEED), tmp_path, "--kill", "w1:1", "--after", "5", "--duration", "50")
-    recovered_once(summary["worlds"]["world1"])
+    recovered_once(summary, "world1")
     world2 = summary["worlds"]["world2"]
     assert (world2["failures"], world2["errors"], world2["epoch"]) == (0, 0, 1), summary["_stderr"]
     assert summary["_rc"] == 0
@@ -90,7 +92,7 @@ def test_killing_an_exclusive_member_rebuilds_only_its_world(tmp_path):
 def test_killing_the_shared_member_fails_and_rebuilds_both_worlds(tmp_path):
     summary = run(manifest(tmp_path, **SEED), tmp_path, "--kill", "leader", "--after", "5", "--duration", "50")
     for world in ("world1", "world2"):
-        recovered_once(summary["worlds"][world])
+        recovered_once(summary, world)
 
 
 def test_killing_a_store_host_rebuilds_its_world_and_spares_the_other(tmp_path):
@@ -100,7 +102,7 @@ def test_killing_a_store_host_rebuilds_its_world_and_spares_the_other(tmp_path):
         worlds=[{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["w2", "leader"]}],
     )
     summary = run(manifest(tmp_path, **topology), tmp_path, "--kill", "w2:0", "--after", "5", "--duration", "50")
-    recovered_once(summary["worlds"]["world2"])
+    recovered_once(summary, "world2")
     world1 = summary["worlds"]["world1"]
     assert (world1["failures"], world1["errors"]) == (0, 0), summary["_stderr"]
 
