@@ -97,6 +97,9 @@ class Verdict(BaseModel):
     reason: str
     peer_rank: int | None = None
     by_rank: int
+    # True when a member drops the world on purpose (leaves, closes, moves on): the others
+    # break it too, but nothing failed, so nobody reports it.
+    deliberate: bool = False
 
     def encode(self) -> str:
         return self.model_dump_json()
@@ -120,9 +123,10 @@ class HeartbeatStore(Protocol):
     def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
 
 
-# on_failure(reason, peer_rank, publish): publish is True when this member reached the
-# verdict itself, so the world should ask the heartbeat to publish it to the others.
-FailureCallback = Callable[[str, "int | None", bool], None]
+# on_failure(reason, peer_rank, publish, report): publish is True when this member reached
+# the verdict itself (the world asks the heartbeat to publish it to the others); report is
+# False when nothing failed (a peer left on purpose, or the platform moved on to a newer epoch).
+FailureCallback = Callable[[str, "int | None", bool, bool], None]
 
 
 def abort_key(prefix: str) -> str:
@@ -201,15 +205,15 @@ class Heartbeat:
     def check_stall(self, now: float) -> None:
         started = self._call_started
         if started is not None and now - started > self.dead_after:
-            self._fail(f"the world's store host did not answer for {now - started:.1f}s", 0, publish=False)
+            self._fail(f"the world's store host did not answer for {now - started:.1f}s", 0)
 
-    def _fail(self, reason: str, peer_rank: int | None, *, publish: bool) -> None:
+    def _fail(self, reason: str, peer_rank: int | None, *, publish: bool = False, report: bool = True) -> None:
         with self._fail_lock:
             if self._failed:
                 return
             self._failed = True
         try:
-            self._on_failure(reason, peer_rank, publish)
+            self._on_failure(reason, peer_rank, publish, report)
         except Exception:
             log.exception("world %s: failure callback raised", self.world)
 
@@ -253,7 +257,7 @@ class Heartbeat:
             try:
                 values = self._call(self._tick)
             except Exception as exc:
-                self._fail(f"the world's store is unreachable: {short(exc)}", 0, publish=False)
+                self._fail(f"the world's store is unreachable: {short(exc)}", 0)
                 continue
             assert isinstance(values, list)
             self._judge(values, peers, seen, changed)
@@ -266,11 +270,11 @@ class Heartbeat:
         raw_verdict, raw_epoch = values[self._size], values[self._size + 1]
         if raw_verdict:
             verdict = Verdict.decode(raw_verdict)
-            self._fail(verdict.describe(), verdict.peer_rank, publish=False)
+            self._fail(verdict.describe(), verdict.peer_rank, report=not verdict.deliberate)
             return
         current = int(raw_epoch or 0)
         if current > self._epoch:
-            self._fail(f"superseded by epoch {current}", None, publish=False)
+            self._fail(f"superseded by epoch {current}", None, report=False)
             return
         now = time.monotonic()
         for peer in peers:

@@ -99,8 +99,8 @@ class World(Collectives):
         """An op failed: the communicator is unusable, so the whole world is broken."""
         return self._break(f"{op} failed: {short(exc)}", None, publish=True, report=True)
 
-    def _heartbeat_failed(self, reason: str, peer_rank: int | None, publish: bool) -> None:
-        self._break(reason, peer_rank, publish=publish, report=True)
+    def _heartbeat_failed(self, reason: str, peer_rank: int | None, publish: bool, report: bool) -> None:
+        self._break(reason, peer_rank, publish=publish, report=report)
 
     def _close(self, reason: str, *, release: bool = True) -> None:
         """This process drops the world on purpose (leave, newer epoch, shutdown). With
@@ -132,7 +132,12 @@ class World(Collectives):
             work._settle(error)
         if publish:
             self._published = True
-            self._heartbeat.publish(Verdict(reason=reason, peer_rank=peer_rank, by_rank=self.rank))
+            # A deliberate drop (not reported here) names this rank as the one that went.
+            deliberate = not report
+            verdict = Verdict(
+                reason=reason, peer_rank=self.rank if deliberate else peer_rank, by_rank=self.rank, deliberate=deliberate
+            )
+            self._heartbeat.publish(verdict)
         else:
             self._heartbeat.stop()
         try:
