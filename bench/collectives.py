@@ -4,8 +4,8 @@ Three member processes (gloo over loopback) hold both a multiworld World and a r
 ProcessGroupGloo on its own TCPStore, and run every op through both, in the same processes,
 interleaved round by round (which one goes first alternates) so that drift in the machine's
 load cancels out. A round's time for an implementation is the slowest rank's median op time
-in it; each round yields a ratio library/raw, and the reported ratio is the median of those
-per-round ratios (times: the median over rounds). send_recv is one ping-pong
+in it; each pair of rounds (one with each implementation first) yields a ratio library/raw,
+and the reported ratio is the median of those ratios (times: the median over rounds). send_recv is one ping-pong
 between ranks 0 and 1 (rank 2 idles); all_reduce_async is `await world.all_reduce(...,
 async_op=True)` on an event loop, against the raw work's torch future bridged into the same
 loop.
@@ -14,6 +14,7 @@ loop.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,8 +36,13 @@ LARGE_LIMIT = 1.02
 SMALL_SIZE = 4 << 10
 SMALL_LIMIT = 1.10
 # Each impl's share of a round lasts about this long (at least one op).
-ROUND_S = 0.02
+ROUND_S = 0.03
 MAX_OPS_PER_ROUND = 20
+# The first op after a switch of groups pays for waking that group's threads: with at least
+# this many ops per round, the round's median is a steady-state op. Ops longer than
+# SWITCH_NEGLIGIBLE_S run one per round.
+MIN_OPS_PER_ROUND = 3
+SWITCH_NEGLIGIBLE_S = 0.05
 WARMUP_OPS = 3
 
 Op = Callable[[], Awaitable[None]]
@@ -206,8 +212,10 @@ class Bench:
         lib_op, raw_op = self.ops(kind, size)
         await self._times(lib_op, WARMUP_OPS)
         warm = statistics.median(await self._times(raw_op, WARMUP_OPS))
-        per_round = max(1, min(MAX_OPS_PER_ROUND, int(ROUND_S / max(warm, 1e-6))))
+        least = 1 if warm > SWITCH_NEGLIGIBLE_S else MIN_OPS_PER_ROUND
+        per_round = max(least, min(MAX_OPS_PER_ROUND, int(ROUND_S / max(warm, 1e-6))))
         rounds = max(min_rounds, int(budget / (2 * per_round * max(warm, 1e-6))))
+        rounds += rounds % 2  # whole pairs of rounds
         per_round, rounds = self._agree(per_round, rounds)
         # Per round and implementation, this rank's median op time (columns: library, raw).
         medians = self.torch.zeros(rounds, 2, dtype=self.torch.float64)
@@ -217,7 +225,10 @@ class Bench:
                 medians[i, column] = statistics.median(await self._times(op, per_round))
         slowest = self._slowest(medians)
         lib, raw = slowest[:, 0].tolist(), slowest[:, 1].tolist()
-        ratios = [a / b for a, b in zip(lib, raw) if b > 0]
+        # A pair of rounds runs each implementation first once: the geometric mean of the two
+        # rounds' ratios cancels whatever going first or second does.
+        ratios = [math.sqrt(lib[i] * lib[i + 1] / (raw[i] * raw[i + 1])) for i in range(0, len(lib) - 1, 2)
+                  if raw[i] > 0 and raw[i + 1] > 0]
         return {
             "op": kind,
             "bytes": size,
