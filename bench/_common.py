@@ -131,10 +131,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def report(title: str, body: Sequence[str], targets: Sequence[Target]) -> None:
+def report(title: str, load_at_start: str, body: Sequence[str], targets: Sequence[Target]) -> None:
     """The readable part of a bench's output (stdout, before any JSON line)."""
     print(f"== {title}")
-    print(machine_load())
+    print(f"at the start: {load_at_start}")
+    print(f"at the end:   {machine_load()}")
     for block in body:
         print()
         print(block)

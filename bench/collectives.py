@@ -295,6 +295,7 @@ def render(cells: list[dict[str, Any]]) -> str:
 
 
 def coordinate(args: Any) -> int:
+    load = common.machine_load()
     lib_port, raw_port = common.free_ports(2)
     script = Path(__file__).resolve()
     flags = ["--ports", f"{lib_port},{raw_port}", "--budget", str(args.budget), "--min-rounds", str(args.min_rounds),
@@ -306,7 +307,7 @@ def coordinate(args: Any) -> int:
         for m in ranks:
             m.proc.wait(60)
     found = targets(cells)
-    common.report(f"collectives: multiworld vs raw ProcessGroupGloo, {RANKS} ranks, gloo on loopback",
+    common.report(f"collectives: multiworld vs raw ProcessGroupGloo, {RANKS} ranks, gloo on loopback", load,
                   [render(cells)], found)
     if args.json:
         ratios: dict[str, dict[str, float]] = {}

@@ -265,6 +265,7 @@ def kill_all(pids: list[int]) -> None:
 
 
 def coordinate(args: Any) -> int:
+    load = common.machine_load()
     script = Path(__file__).resolve()
     (other_port,) = common.free_ports(1)
     trials: list[Trial] = []
@@ -287,11 +288,11 @@ def coordinate(args: Any) -> int:
         peer_proc.tell({"cmd": "stop"})
         peer_errors = peer_proc.wait_for("stopped")["errors"]
         surv.tell({"cmd": "exit"})
-    present(args, trials, other["times"], other["errors"] + peer_errors)
+    present(args, load, trials, other["times"], other["errors"] + peer_errors)
     return 0
 
 
-def present(args: Any, trials: list[Trial], times: list[float], errors: int) -> None:
+def present(args: Any, load: str, trials: list[Trial], times: list[float], errors: int) -> None:
     steps = common.gaps(times)
     median_step = statistics.median(steps)
     failure = [(t.signalled, t.detected + args.after_s) for t in trials]
@@ -323,7 +324,7 @@ def present(args: Any, trials: list[Trial], times: list[float], errors: int) -> 
     targets = [common.Target(f"{s} median detection", detect[s].median, limit, " s") for s, limit in TARGETS.items()]
     targets += [common.Target("other world worst gap / median step", worst_failure, GAP_LIMIT),
                 common.Target("other world errors", errors, 0)]
-    common.report("failover: detection latency, and the other world of the same process",
+    common.report("failover: detection latency, and the other world of the same process", load,
                   [detect_table, other_table], targets)
     if args.json:
         common.json_line({"failover": {

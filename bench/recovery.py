@@ -282,6 +282,7 @@ def ms(value: float | None) -> str:
 
 
 def coordinate(args: Any) -> int:
+    load = common.machine_load()
     imports = time_torch_import(args.imports)
     torch_import_s = statistics.median(imports)
     work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
@@ -333,7 +334,7 @@ def coordinate(args: Any) -> int:
         common.Target(f"{UNAFFECTED} errors", world2["errors"], 0),
     ]
     notes = f"logs: {work} (runner.log, logs/<pod>.log)" if args.keep_logs else ""
-    common.report("recovery: multiworld run, seed topology, --kill w1:1",
+    common.report("recovery: multiworld run, seed topology, --kill w1:1", load,
                   [figures, "per kill (times from the kill):\n" + breakdown, *warnings, *([notes] if notes else [])],
                   targets)
     if not args.keep_logs:
