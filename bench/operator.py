@@ -350,9 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       abs(writes[largest] - writes[smallest]), 0.0),
     ]
     setup = (f"operator: `multiworld operator` in its own process, as {credentials}\n"
-             f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)\n"
-             f"at start: {loaded}")
-    common.report("operator: failure reaction and API writes per world failure (real kube-apiserver)",
+             f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)")
+    common.report("operator: failure reaction and API writes per world failure (real kube-apiserver)", loaded,
                   [setup, render_react(react), render_writes(costs), render_timing(costs)], targets)
     if args.json:
         common.json_line({
