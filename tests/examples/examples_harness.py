@@ -15,6 +15,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+import torch
+
 from multiworld.contract import WorkerEnv, WorldEntry, WorldTable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,11 +146,28 @@ def example_script(example: str) -> str:
     return str(EXAMPLES / example / "main.py")
 
 
-def start_seed_topology(example: str, flags: Sequence[str]) -> dict[str, ExampleProcess]:
-    """The five processes of the seed topology, each given its --worldinfo and `flags`."""
+# The backends the examples run on here: gloo everywhere, NCCL only where CUDA is.
+BACKENDS = [
+    "gloo",
+    pytest.param("nccl", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL needs a CUDA device")),
+]
+
+
+def backend_env(backend: str, name: str) -> dict[str, str]:
+    """NCCL refuses two ranks of one communicator on one GPU: with fewer GPUs than ranks,
+    each process gets a host id of its own, so NCCL takes them for separate hosts."""
+    if backend != "nccl" or torch.cuda.device_count() >= len(SEED_TOPOLOGY):
+        return {}
+    return {"NCCL_HOSTID": f"{socket.gethostname()}-{name}", "NCCL_SOCKET_IFNAME": "lo"}
+
+
+def start_seed_topology(example: str, flags: Sequence[str], backend: str = "gloo") -> dict[str, ExampleProcess]:
+    """The five processes of the seed topology, each given its --worldinfo, `--backend` and
+    `flags`."""
     script = example_script(example)
     return {
-        name: ExampleProcess(name, [script, *worldinfo_args(worlds), *flags])
+        name: ExampleProcess(name, [script, *worldinfo_args(worlds), "--backend", backend, *flags],
+                             backend_env(backend, name))
         for name, worlds in SEED_TOPOLOGY.items()
     }
 

@@ -8,7 +8,9 @@ import os
 import re
 import signal
 
+import pytest
 from examples_harness import (
+    BACKENDS,
     EXIT_TIMEOUT,
     load_common,
     ExampleProcess,
@@ -26,9 +28,10 @@ def broke_lines(process: ExampleProcess, world: str) -> list[str]:
     return [line for line in process.lines if line.startswith(f"{world} broke: ")]
 
 
-def test_killing_a_world1_rank_leaves_world2_untouched() -> None:
-    flags = ["--backend", "gloo", "--port", str(free_base_port()), "--steps", str(STEPS), "--interval", "0.2"]
-    processes = start_seed_topology("all_gather", flags)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killing_a_world1_rank_leaves_world2_untouched(backend: str) -> None:
+    flags = ["--port", str(free_base_port()), "--steps", str(STEPS), "--interval", "0.2"]
+    processes = start_seed_topology("all_gather", flags, backend)
     victim = processes["w1-1"]  # world1, rank 2
     try:
         victim.wait_for_line(f"done with step: {KILL_AFTER_STEP}")

@@ -1,4 +1,5 @@
-"""Every MultiWorld example in the seed's five-process topology, over gloo: each process prints
+"""Every MultiWorld example in the seed's five-process topology, over gloo (and NCCL where CUDA
+is): each process prints
 the seed's lines with the values the operation must produce, and every process exits 0."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from examples_expected import (
     world_tensors,
 )
 from examples_harness import (
+    BACKENDS,
     SEED_TOPOLOGY,
     ExampleProcess,
     assert_all_exit_zero,
@@ -36,9 +38,10 @@ def test_ranks_hold_different_tensors_at_every_step() -> None:
             assert held != [tuple(t.tolist()) for t in world_tensors(world, step + 1)]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("example", sorted(EXPECTED))
-def test_example_prints_the_operation_results(example: str) -> None:
-    processes = start_seed_topology(example, ["--backend", "gloo", "--port", str(free_base_port()), *FAST])
+def test_example_prints_the_operation_results(example: str, backend: str) -> None:
+    processes = start_seed_topology(example, ["--port", str(free_base_port()), *FAST], backend)
     assert_all_exit_zero(processes)
     for name, process in processes.items():
         check_steps(process, SEED_TOPOLOGY[name], EXPECTED[example], range(1, STEPS + 1))

@@ -7,7 +7,8 @@ the same processes in reverse rank order, so each process has a different rank i
 
 from __future__ import annotations
 
-from worker_support import TEST_DETECT, assignment, free_ports
+import pytest
+from worker_support import BACKENDS, TEST_DETECT, assignment, free_ports
 
 SIZE = 4
 
@@ -28,17 +29,19 @@ def expected(rank: int) -> dict[str, list[float] | None]:
     }
 
 
-def test_every_op_in_two_worlds_at_once(spawn) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_op_in_two_worlds_at_once(spawn, backend: str) -> None:
     tutorial_port, mirror_port = free_ports(2)
     members = [
         spawn(
             "collectives",
             {
                 "pod": f"p{i}",
+                "backend": backend,
                 "detect": TEST_DETECT,
                 "worlds": [
-                    assignment("tutorial", i, SIZE, tutorial_port),
-                    assignment("mirror", SIZE - 1 - i, SIZE, mirror_port),
+                    assignment("tutorial", i, SIZE, tutorial_port, backend=backend),
+                    assignment("mirror", SIZE - 1 - i, SIZE, mirror_port, backend=backend),
                 ],
             },
         )

@@ -9,7 +9,8 @@ from __future__ import annotations
 import signal
 import time
 
-from worker_support import TEST_DETECT, assignment, free_ports, static_env, table
+import pytest
+from worker_support import BACKENDS, TEST_DETECT, assignment, free_ports, static_env, table
 
 DETECTED_WITHIN = 10.0
 
@@ -38,20 +39,25 @@ def stop_all(*members) -> list[dict]:
     return summaries
 
 
-def test_sigkill_in_busy_world_then_rejoin_at_new_epoch(spawn, table_server) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkill_in_busy_world_then_rejoin_at_new_epoch(spawn, table_server, backend: str) -> None:
     """Leader L in w1 (with a) and w2 (with b), both stepping. a is SIGKILLed: L sees w1 break,
     reports it over the local channel, rejoins w1 at epoch 2 with a respawned a, and w2 sees
     no error at all. Then w2 is removed from the table: L leaves it."""
     p1, p2 = free_ports(2)
-    table_server.publish(table(1, ("w1", 1, p1, ["L", "a"]), ("w2", 1, p2, ["L", "b"])))
-    args = {"detect": TEST_DETECT, "rejoin": True}
+    table_server.publish(table(1, ("w1", 1, p1, ["L", "a"]), ("w2", 1, p2, ["L", "b"]), backend=backend))
+    args = {"detect": TEST_DETECT, "rejoin": True, "backend": backend}
+
+    def world(name: str, rank: int, port: int, epoch: int = 1) -> dict:
+        return assignment(name, rank, 2, port, epoch=epoch, backend=backend)
+
     leader = spawn(
         "steady",
         {**args, "worlds": {"w1": "busy", "w2": "busy"}},
-        table_server.env("L", [assignment("w1", 0, 2, p1), assignment("w2", 0, 2, p2)]),
+        table_server.env("L", [world("w1", 0, p1), world("w2", 0, p2)]),
     )
-    a = spawn("steady", {**args, "worlds": {"w1": "busy"}}, table_server.env("a", [assignment("w1", 1, 2, p1)]))
-    b = spawn("steady", {**args, "worlds": {"w2": "busy"}}, table_server.env("b", [assignment("w2", 1, 2, p2)]))
+    a = spawn("steady", {**args, "worlds": {"w1": "busy"}}, table_server.env("a", [world("w1", 1, p1)]))
+    b = spawn("steady", {**args, "worlds": {"w2": "busy"}}, table_server.env("b", [world("w2", 1, p2)]))
     progressed(leader, "w1", 5)
     progressed(leader, "w2", 5)
 
@@ -68,8 +74,8 @@ def test_sigkill_in_busy_world_then_rejoin_at_new_epoch(spawn, table_server) -> 
     )
     w2_at_failure = progressed(leader, "w2", steps_of(leader, "w2"))
 
-    table_server.publish(table(2, ("w1", 2, p1, ["L", "a"]), ("w2", 1, p2, ["L", "b"])))
-    a2 = spawn("steady", {**args, "worlds": {"w1": "busy"}}, table_server.env("a", [assignment("w1", 1, 2, p1, epoch=2)]))
+    table_server.publish(table(2, ("w1", 2, p1, ["L", "a"]), ("w2", 1, p2, ["L", "b"]), backend=backend))
+    a2 = spawn("steady", {**args, "worlds": {"w1": "busy"}}, table_server.env("a", [world("w1", 1, p1, epoch=2)]))
     assert leader.wait_for("rejoined", world="w1")["epoch"] == 2
     progressed(leader, "w1", steps_of(leader, "w1"))
     table_server.wait_until(
@@ -82,7 +88,7 @@ def test_sigkill_in_busy_world_then_rejoin_at_new_epoch(spawn, table_server) -> 
 
     # w2 leaves the table: both members leave it (one may learn it from the other's verdict
     # first), and as nothing failed, nobody reports it.
-    table_server.publish(table(3, ("w1", 2, p1, ["L", "a"])))
+    table_server.publish(table(3, ("w1", 2, p1, ["L", "a"]), backend=backend))
     left = b.wait_for("broken", world="w2")
     assert left["reason"] in ("rank 1 left the world", "rank 0 left the world (verdict of rank 0)"), left
     table_server.wait_until(

@@ -1,5 +1,5 @@
-"""Helpers of the worker tests: real member processes (gloo over loopback) and the local
-runner's real channel server."""
+"""Helpers of the worker tests: real member processes (gloo over loopback, and NCCL where a
+CUDA device is) and the local runner's real channel server."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
+import torch
 
 from multiworld.contract import BrokenWorldReport, WorkerEnv, WorkerStatus, WorldAssignment, WorldEntry, WorldTable
 from multiworld_operator.local.channel_server import ChannelServer
@@ -38,8 +41,18 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def assignment(name: str, rank: int, size: int, port: int, epoch: int = 1) -> dict[str, Any]:
-    return WorldAssignment(name=name, rank=rank, size=size, host="127.0.0.1", port=port, epoch=epoch).model_dump()
+# The backends a test runs on: gloo everywhere, NCCL only where CUDA is (member.py gives each
+# process its own NCCL host id, so a single GPU serves every rank).
+BACKENDS = [
+    "gloo",
+    pytest.param("nccl", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="NCCL needs a CUDA device")),
+]
+
+
+def assignment(name: str, rank: int, size: int, port: int, epoch: int = 1, backend: str = "gloo") -> dict[str, Any]:
+    return WorldAssignment(
+        name=name, rank=rank, size=size, host="127.0.0.1", port=port, epoch=epoch, backend=backend
+    ).model_dump()
 
 
 class Member:
@@ -158,11 +171,14 @@ class TableServer:
         self._thread.join(10)
 
 
-def table(revision: int, *entries: tuple[str, int, int, list[str]]) -> WorldTable:
+def table(revision: int, *entries: tuple[str, int, int, list[str]], backend: str = "gloo") -> WorldTable:
     """entries: (world, epoch, port, pods in rank order)."""
     return WorldTable(
         revision=revision,
-        worlds=[WorldEntry(name=n, epoch=e, host="127.0.0.1", port=p, pods=pods) for n, e, p, pods in entries],
+        worlds=[
+            WorldEntry(name=n, epoch=e, host="127.0.0.1", port=p, pods=pods, backend=backend)
+            for n, e, p, pods in entries
+        ],
     )
 
 

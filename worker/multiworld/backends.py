@@ -10,7 +10,6 @@ import logging
 import os
 import threading
 from datetime import timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -19,6 +18,7 @@ from torch._C._distributed_c10d import BarrierOptions, ProcessGroup, Store
 from multiworld.errors import UnsupportedOpError, WorldJoinError
 
 if TYPE_CHECKING:
+    from multiworld.work import Work
     from multiworld.world import World
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,11 @@ class Driver(Protocol):
 
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup: ...
     def wait(self, world: World, op: str, work: Any) -> None: ...
+
+    def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
+        """An op started with async_op=True: settle `work` when the op completes."""
+        ...
+
     def barrier_options(self) -> BarrierOptions: ...
     def abort(self, pgs: list[ProcessGroup]) -> None: ...
     def check_reduce_op(self, op: str, reduce_op: str) -> None: ...
@@ -102,6 +107,9 @@ class GlooDriver:
                 if error is not None:
                     raise error.fresh() from None
 
+    def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
+        torch_work.get_future().add_done_callback(work._on_future)
+
     def barrier_options(self) -> BarrierOptions:
         return BarrierOptions()
 
@@ -150,14 +158,6 @@ def make_nccl_env_safe() -> None:
         os.environ[_NCCL_MONITORING] = "0"
 
 
-def _watch_nccl(world: World, op: str, fut: Any) -> None:
-    """Done-callback of a blocking NCCL op, whose CPU side returns before the GPU finishes."""
-    try:
-        fut.value()
-    except Exception as exc:
-        world._op_failed(op, exc)
-
-
 class NcclDriver:
     name = "nccl"
     waited_ops: frozenset[str] = frozenset()
@@ -183,13 +183,23 @@ class NcclDriver:
         return pg
 
     def wait(self, world: World, op: str, work: Any) -> None:
-        """torch's blocking semantics for NCCL: the current stream waits, the CPU goes on; an
-        error that shows later breaks the world through the future."""
-        work.get_future().add_done_callback(partial(_watch_nccl, world, op))
+        """torch's semantics for NCCL: the caller's current CUDA stream waits for the op's
+        stream, the CPU goes on. An error that shows later (a peer gone mid-op) breaks the
+        world through the heartbeat, and the op's outputs are garbage then.
+
+        The works' futures are not used: ProcessGroupNCCL completes them when the op is
+        queued, and off the root a gather's or scatter's future fails on an undefined tensor
+        ("Cannot access storage of UndefinedTensorImpl", torch 2.11, NCCL 2.28, H100)."""
         try:
             work.wait()
         except RuntimeError as exc:
             raise world._op_failed(op, exc).fresh() from exc
+
+    def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
+        # Ordered on the caller's stream now: without it, an awaited op's outputs were read
+        # while NCCL still wrote them (garbage all_gather outputs, seen on an H100).
+        self.wait(world, op, torch_work)
+        work._settle(None)
 
     def barrier_options(self) -> BarrierOptions:
         options = BarrierOptions()

@@ -27,6 +27,7 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
 )
 from torch._C._distributed_c10d import ReduceOp as TorchReduceOp
+from torch.distributed import DistError
 
 from multiworld.detect import short
 from multiworld.errors import UnsupportedOpError, WorldBrokenError
@@ -165,16 +166,22 @@ class Collectives:
             assert self._comm is not None
             try:
                 torch_work = call(self._comm)
+            except DistError as exc:
+                # NCCL checks its communicator when an op starts: a peer's death can show here.
+                failure = exc
             except RuntimeError as exc:
                 text = str(exc).lower()
                 if "not supported" in text or "not implemented" in text or "unsupported" in text:
                     raise UnsupportedOpError(op, self._driver.name, short(exc)) from exc
                 raise
-            if not track:
-                return torch_work, None
-            work = Work(self, op, torch_work)  # type: ignore[arg-type]
-            self._pending.add(work)
-            return torch_work, work
+            else:
+                if not track:
+                    return torch_work, None
+                work = Work(self, op, torch_work)  # type: ignore[arg-type]
+                self._pending.add(work)
+                return torch_work, work
+        # Outside the lock: breaking the world takes it.
+        raise self._op_failed(op, failure).fresh() from failure
 
     def _run(self, op: str, call: Callable[[Backend], Any], async_op: bool) -> Work | None:
         if op in self._driver.waited_ops:
@@ -190,7 +197,7 @@ class Collectives:
         if work is None:
             self._driver.wait(self, op, torch_work)  # type: ignore[arg-type]
             return None
-        torch_work.get_future().add_done_callback(work._on_future)
+        self._driver.track(self, op, torch_work, work)  # type: ignore[arg-type]
         return work
 
     # -- point to point ----------------------------------------------------------------
