@@ -3,7 +3,9 @@ leader (rank 0) receives from every other rank each step. Everyone shares the on
 dead rank takes every other rank down with it.
 
 Without --multihost this spawns --worldsize processes itself; with it, it is the one rank --rank.
-A rank that loses the world says so and exits with status 1.
+Under a MultiWorld manifest (`multiworld.yaml` here: one world) it is the one rank that the
+MultiWorld environment names, at that world's rendezvous and backend. A rank that loses the
+world says so and exits with status 1.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import common  # noqa: E402
+from multiworld.channels import Channel, open_channel  # noqa: E402
+from multiworld.contract import ENV_WORLDS, WorkerEnv, WorkerStatus  # noqa: E402
 
 WORLD = "world"
 
@@ -46,6 +50,31 @@ def _check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--rank: must be in [0, {args.worldsize}), got {args.rank}")
 
 
+def _from_environment(args: argparse.Namespace, parser: argparse.ArgumentParser) -> WorkerEnv:
+    """This process is the rank of the one world the MultiWorld environment gives it."""
+    try:
+        env = WorkerEnv.from_env(os.environ)
+    except ValueError as exc:
+        parser.error(f"the MultiWorld environment is unusable: {exc}")
+    if len(env.worlds) != 1:
+        parser.error(f"{ENV_WORLDS}: single_world runs in exactly one world, got {[w.name for w in env.worlds]}")
+    world = env.worlds[0]
+    args.rank, args.worldsize, args.addr, args.port = world.rank, world.size, world.host, world.port
+    args.backend = world.backend
+    return env
+
+
+def _say_joined(env: WorkerEnv) -> Channel:
+    """A plain torch.distributed program tells its platform when it holds its world, the one
+    thing the MultiWorld library would otherwise report for it (the platform counts the world
+    whole from then on); a lost world shows as this process's exit."""
+    channel = open_channel(env.table, env.pod)
+    channel.start(lambda table: None)
+    world = env.worlds[0]
+    channel.status(WorkerStatus(pod=env.pod, joined={world.name: world.epoch}))
+    return channel
+
+
 def _step(rank: int, size: int, step: int, backend: str) -> None:
     device = common.device_for(backend, rank)
     if rank == common.ROOT:
@@ -59,11 +88,12 @@ def _step(rank: int, size: int, step: int, backend: str) -> None:
         common.say(f"rank: {rank} sent tensor: {tensor}")
 
 
-def run_rank(rank: int, args: argparse.Namespace) -> None:
+def run_rank(rank: int, args: argparse.Namespace, env: WorkerEnv | None = None) -> None:
     dist.init_process_group(
         args.backend, init_method=f"tcp://{args.addr}:{args.port}", rank=rank,
         world_size=args.worldsize, timeout=timedelta(seconds=args.timeout),
     )
+    channel = _say_joined(env) if env is not None else None
     try:
         for step in range(1, args.steps + 1):
             _step(rank, args.worldsize, step, args.backend)
@@ -75,6 +105,8 @@ def run_rank(rank: int, args: argparse.Namespace) -> None:
         # A normal exit would wait out the broken group's pending operations.
         os._exit(1)
     dist.destroy_process_group()
+    if channel is not None:
+        channel.close()
 
 
 def _spawn_all(args: argparse.Namespace) -> int:
@@ -94,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _check(args, parser)
+    if not args.multihost and ENV_WORLDS in os.environ:
+        env = _from_environment(args, parser)
+        run_rank(args.rank, args, env)
+        return 0
     if args.multihost:
         run_rank(args.rank, args)
         return 0

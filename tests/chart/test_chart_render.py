@@ -20,11 +20,11 @@ def grants(group: str, resources: Iterable[str], verbs: Iterable[str]) -> set[Gr
 
 # What the operator does in a managed namespace (see the brief of the operator): nothing more.
 OPERATOR_IN_NAMESPACE = (
-    grants("multiworld.io", ["multiworlds"], ["get", "list", "watch", "patch", "update"])
-    | grants("multiworld.io", ["multiworlds/status"], ["get", "patch", "update"])
-    | grants("", ["pods", "services"], ["get", "list", "watch", "create", "delete", "patch"])
-    | grants("", ["events"], ["create", "patch"])
-    | grants("events.k8s.io", ["events"], ["create", "patch"])
+    grants("multiworld.io", ["multiworlds"], ["get", "list", "watch"])
+    | grants("multiworld.io", ["multiworlds/status"], ["patch"])
+    | grants("", ["pods"], ["get", "list", "watch", "create", "delete"])
+    | grants("", ["services"], ["get", "list", "watch", "create"])
+    | grants("", ["events"], ["create"])
 )
 # kopf's cluster-scoped reads: CRDs (to notice the MultiWorld resource) and namespaces.
 KOPF_CLUSTER_READS = grants("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]) | grants(
@@ -32,9 +32,8 @@ KOPF_CLUSTER_READS = grants("apiextensions.k8s.io", ["customresourcedefinitions"
 )
 WORKER_IN_NAMESPACE = (
     grants("multiworld.io", ["multiworlds"], ["get", "list", "watch"])
-    | grants("", ["pods"], ["get", "patch"])
+    | grants("", ["pods"], ["patch"])
     | grants("", ["events"], ["create"])
-    | grants("events.k8s.io", ["events"], ["create"])
 )
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}

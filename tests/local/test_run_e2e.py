@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from multiworld_operator.local.processes import RUN_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 300
 
@@ -25,13 +27,15 @@ def run_name(tmp_path: Path) -> str:
     return f"e2e-{zlib.crc32(str(tmp_path).encode()):08x}"
 
 
-def manifest(tmp_path: Path, worlds: list[dict], members: list[dict], example: str = "all_gather",
-             steps: int = 100000) -> Path:
-    """A copy of an example's manifest with the topology given and fast steps."""
+def manifest(tmp_path: Path, worlds: list[dict] | None = None, members: list[dict] | None = None,
+             example: str = "all_gather", steps: int = 100000) -> Path:
+    """A copy of an example's manifest with fast steps, and the topology given (else its own)."""
     doc = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
     doc["metadata"]["name"] = run_name(tmp_path)
-    doc["spec"]["members"] = members
-    doc["spec"]["worlds"] = worlds
+    if members is not None:
+        doc["spec"]["members"] = members
+    if worlds is not None:
+        doc["spec"]["worlds"] = worlds
     doc["spec"]["template"]["spec"]["containers"][0]["args"] = ["--steps", str(steps), "--interval", "0.1"]
     path = tmp_path / "multiworld.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -60,14 +64,15 @@ def run(path: Path, tmp_path: Path, *flags: str) -> dict:
 
 
 def leftover_processes(name: str) -> list[int]:
-    """Processes whose environment names a pod of this run's MultiWorld (MULTIWORLD_POD=<name>-*)."""
+    """Processes that the run of MultiWorld `name` started (members, spares and members that
+    were spares), by the variable they all start with."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if f"MULTIWORLD_POD={name}-".encode() in env:
+        if f"{RUN_ENV}={name}".encode() in env:
             found.append(int(pid))
     return found
 
@@ -93,6 +98,7 @@ def test_killing_the_shared_member_fails_and_rebuilds_both_worlds(tmp_path):
     summary = run(manifest(tmp_path, **SEED), tmp_path, "--kill", "leader", "--after", "5", "--duration", "50")
     for world in ("world1", "world2"):
         recovered_once(summary, world)
+    assert summary["_rc"] == 0
 
 
 def test_killing_a_store_host_rebuilds_its_world_and_spares_the_other(tmp_path):
@@ -104,14 +110,29 @@ def test_killing_a_store_host_rebuilds_its_world_and_spares_the_other(tmp_path):
     summary = run(manifest(tmp_path, **topology), tmp_path, "--kill", "w2:0", "--after", "5", "--duration", "50")
     recovered_once(summary, "world2")
     world1 = summary["worlds"]["world1"]
-    assert (world1["failures"], world1["errors"]) == (0, 0), summary["_stderr"]
+    assert (world1["failures"], world1["errors"], world1["epoch"]) == (0, 0, 1), summary["_stderr"]
+    assert summary["_rc"] == 0
 
 
-@pytest.mark.parametrize("example", ["send_recv", "all_gather", "broadcast", "reduce", "all_reduce", "gather", "scatter"])
+@pytest.mark.parametrize(
+    "example", ["send_recv", "all_gather", "broadcast", "reduce", "all_reduce", "gather", "scatter", "single_world"]
+)
 def test_every_example_manifest_runs_to_completion_locally(tmp_path, example):
+    """The committed manifest as it is (its own members and worlds), only with fewer steps."""
     # The run ends by itself when every member finished its steps (--duration only bounds a hang).
-    summary = run(manifest(tmp_path, example=example, steps=20, **SEED), tmp_path, "--duration", "240")
+    summary = run(manifest(tmp_path, example=example, steps=20), tmp_path, "--duration", "240")
     assert summary["_rc"] == 0, summary["_stderr"]
     for name, world in summary["worlds"].items():
         assert world["phase"] == "Succeeded", (name, summary["_stderr"])
         assert (world["failures"], world["errors"], world["epoch"]) == (0, 0, 1), (name, summary["_stderr"])
+
+
+def test_a_plain_torch_world_loses_every_rank_to_one_death(tmp_path):
+    """single_world's manifest: one plain torch.distributed world. A kill fails that world, so
+    every one of its pods is recreated (the contrast with the multi-world examples)."""
+    summary = run(manifest(tmp_path, example="single_world"), tmp_path,
+                  "--kill", "workers:1", "--after", "4", "--duration", "40")
+    recovered_once(summary, "world")
+    assert summary["_rc"] == 0
+    log = (tmp_path / "logs" / f"{run_name(tmp_path)}-leader-0.log").read_text()
+    assert log.count("--- start ") == 2, log

@@ -22,6 +22,16 @@ def test_failure_without_injection_is_timed_from_when_it_was_seen():
     assert (summary.failures, summary.recovery_seconds, summary.errors) == (2, [1.0], 4)
 
 
+def test_an_exhausted_world_counts_its_last_failure_once():
+    """Out of restarts, a world goes Failed at the epoch it had: that failure counts too."""
+    tracker = WorldTracker()
+    tracker.observe("Running", 1, True, now=1.0)
+    tracker.observe("Failed", 1, False, now=2.0)
+    tracker.observe("Failed", 1, False, now=3.0)
+    summary = tracker.summary("Failed", 1, errors=1)
+    assert (summary.failures, summary.recoveries) == (1, 0)
+
+
 def test_live_table_columns_line_up():
     lines = format_table([WorldRow("world1", "Running", 2, 3, 3, 1, 0),
                           WorldRow("w2", "Recovering", 10, 1, 3, 9, 12)])

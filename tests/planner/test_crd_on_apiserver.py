@@ -66,8 +66,11 @@ def _established(extensions: client.ApiextensionsV1Api) -> bool | None:
     return any(c.type == "Established" and c.status == "True" for c in found.status.conditions or []) or None
 
 
-def _example(name: str) -> dict[str, Any]:
-    body = yaml.safe_load((REPO / "examples" / "all_gather" / "multiworld.yaml").read_text())
+EXAMPLE_MANIFESTS = sorted(p.parent.name for p in (REPO / "examples").glob("*/multiworld.yaml"))
+
+
+def _example(name: str, example: str = "all_gather") -> dict[str, Any]:
+    body = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
     body["metadata"]["name"] = name
     return body
 
@@ -154,3 +157,19 @@ def test_printer_columns_show_phase_worlds_and_restarts(api: client.ApiClient) -
 
     cells = _cluster_module().wait_for("the columns MultiWorld in a table listing", row, LIST_TIMEOUT_S)
     assert cells[1:4] == ["Recovering", "1/2", 1]
+
+
+@pytest.mark.parametrize("example", EXAMPLE_MANIFESTS)
+def test_every_example_manifest_is_accepted_unchanged(api: client.ApiClient, example: str) -> None:
+    """What `kubectl apply -f examples/<name>/multiworld.yaml` sends: stored as written."""
+    body = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
+    stored = _create(api, body)
+    members = [(m["name"], m.get("replicas", 1)) for m in body["spec"]["members"]]
+    assert [(m["name"], m["replicas"]) for m in stored["spec"]["members"]] == members
+    assert [w["ranks"] for w in stored["spec"]["worlds"]] == [w["ranks"] for w in body["spec"]["worlds"]]
+    assert stored["spec"]["template"] == body["spec"]["template"]
+
+
+def test_every_example_has_a_manifest() -> None:
+    programs = sorted(p.parent.name for p in (REPO / "examples").glob("*/main.py"))
+    assert EXAMPLE_MANIFESTS == programs

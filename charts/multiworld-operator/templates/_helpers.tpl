@@ -54,21 +54,25 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-What the operator does in a namespace it manages: reconcile MultiWorlds (kopf keeps its progress
-in annotations and finalizers, hence patch/update), own their Pods and headless Services, and
-post Events. Used by the ClusterRole (all namespaces) or by each Role (listed namespaces).
+What the operator does in a namespace it manages, and no more: watch MultiWorlds and patch their
+status (its kopf handlers only watch, so kopf keeps no annotations or finalizers on them), create
+and delete their Pods, create their headless Services (owner references delete them), and post
+Events. Used by the ClusterRole (all namespaces) or by each Role (listed namespaces).
 */}}
 {{- define "multiworld-operator.managedRules" -}}
 - apiGroups: ["multiworld.io"]
   resources: ["multiworlds"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["multiworld.io"]
   resources: ["multiworlds/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: [""]
-  resources: ["pods", "services"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
-- apiGroups: ["", "events.k8s.io"]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "list", "watch", "create"]
+- apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end }}

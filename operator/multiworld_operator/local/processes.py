@@ -140,6 +140,12 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+# In the environment every process of a run starts with (members and spares alike): the
+# MultiWorld it runs. A spare takes its member's environment later, in-process, which
+# /proc/PID/environ never shows; this variable is there from the start.
+RUN_ENV = "MULTIWORLD_RUN"
+
+
 def is_python_script(argv: list[str]) -> bool:
     """`<this python> script.py ...`: what a warm spare can become."""
     return len(argv) >= 2 and argv[0] == sys.executable and argv[1].endswith(".py")
@@ -148,9 +154,10 @@ def is_python_script(argv: list[str]) -> bool:
 class SparePool:
     """A few warm spares (see `spare.py`), refilled in the background as they are taken."""
 
-    def __init__(self, size: int, log_dir: Path) -> None:
+    def __init__(self, size: int, log_dir: Path, env: Mapping[str, str]) -> None:
         self._size = size
         self._log = log_dir / "spares.log"
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
         self._ready: list[asyncio.subprocess.Process] = []
         self._starting = 0
         self._all: list[asyncio.subprocess.Process] = []
@@ -166,7 +173,7 @@ class SparePool:
             with open(self._log, "ab") as err:
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "multiworld_operator.local.spare",
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=asyncio.subprocess.PIPE,
+                    env=self._env, stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True,
                 )
             self._all.append(proc)

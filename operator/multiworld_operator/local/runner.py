@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import random
-import shutil
 import signal
 import socket
 import sys
@@ -31,7 +29,8 @@ from ..planner import CreatePod, DeletePod, EmitEvent, MultiWorldStatus, Observa
 from ..spec import MultiWorld, SpecError, load_manifest
 from .channel_server import ChannelServer
 from .faults import FaultSchedule, Kill, planned_kills
-from .processes import MemberProcess, SparePool, TemplateError, container_command, find_workdir, group_alive, is_python_script
+from .gpus import cuda_device_count, gpu_env
+from .processes import RUN_ENV, MemberProcess, SparePool, TemplateError, container_command, find_workdir, group_alive, is_python_script
 from .summary import RunSummary, WorldTracker
 from .view import LiveView, WorldRow
 
@@ -45,11 +44,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def cuda_available() -> bool:
-    """Whether this machine has an NVIDIA driver, checked without importing torch."""
-    return os.path.exists("/proc/driver/nvidia/version") or shutil.which("nvidia-smi") is not None
 
 
 class LocalRunner:
@@ -81,7 +75,8 @@ class LocalRunner:
         )
         # Warm spares replace dead members without an interpreter start or a torch import.
         uses_spares = spares > 0 and any(is_python_script(argv) for argv, _ in self.commands.values())
-        self.spares = SparePool(spares, self.log_dir) if uses_spares else None
+        self.run_env = {RUN_ENV: multiworld.name}
+        self.spares = SparePool(spares, self.log_dir, self.run_env) if uses_spares else None
         self.procs: dict[str, MemberProcess] = {}
         self.created_for: dict[str, dict[str, int]] = {}
         self.joined: dict[str, dict[str, int]] = {}
@@ -94,12 +89,15 @@ class LocalRunner:
         self.stopping = False
         self.up_since: float | None = None
         self.backends: dict[str, Backend] = {}
-        cuda = cuda_available()
+        self.gpus = cuda_device_count()
         for world in multiworld.spec.worlds:
-            backend, warning = multiworld.local_backend_of(world.name, cuda)
+            backend, warning = multiworld.local_backend_of(world.name, self.gpus > 0)
             self.backends[world.name] = backend
             if warning:
                 self.view.event(f"warning: {warning}")
+        # Processes in an NCCL world, in pod order: each gets its GPU from its place here.
+        self.gpu_pods = [p for p in multiworld.all_pods()
+                         if any(self.backends[w] == "nccl" for w in multiworld.worlds_of_pod(p))]
         self.ports = {w.name: free_port() for w in multiworld.spec.worlds}
         self.server = ChannelServer(on_report=self._on_report, on_status=self._on_status)
         self.table_url = ""
@@ -157,7 +155,9 @@ class LocalRunner:
         if action.pod in self.procs:
             return
         argv, env = self.commands[action.member]
-        env = {**env, **action.worker_env(self.table_url).to_env()}
+        if action.pod in self.gpu_pods:
+            env = {**gpu_env(action.pod, self.gpu_pods.index(action.pod), len(self.gpu_pods), self.gpus), **env}
+        env = {**env, **self.run_env, **action.worker_env(self.table_url).to_env()}
         proc = await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir, self.spares)
         self.procs[action.pod] = proc
         self.created_for[action.pod] = dict(action.created_for)

@@ -37,6 +37,7 @@ class WorldTracker:
 
     def __init__(self) -> None:
         self.epoch = 1
+        self.phase = "Pending"
         self.failures = 0
         self.recovery_seconds: list[float] = []
         self._fault_at: float | None = None
@@ -54,6 +55,10 @@ class WorldTracker:
                 recent = self._fault_at is not None and now - self._fault_at <= FAULT_ATTRIBUTION_S
                 self._failed_at = self._fault_at if recent else now
             self._fault_at = None
+        elif phase == "Failed" and self.phase != "Failed":
+            # An exhausted restart budget: the world fails for good, at the epoch it had.
+            self.failures += 1
+        self.phase = phase
         if self._failed_at is not None and phase == "Running" and whole:
             self.recovery_seconds.append(round(now - self._failed_at, 3))
             self._failed_at = None
