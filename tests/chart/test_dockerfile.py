@@ -213,6 +213,23 @@ def test_operator_entrypoint_is_the_console_script_and_accepts_the_chart_args(
     assert parsed.namespace == values.get("watchNamespaces", [])
 
 
+# What the operator image runs, in an interpreter where `import torch` fails (that image has none).
+_WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None
+import multiworld_operator.kube.main, multiworld_operator.kube.handlers, multiworld_operator.local.runner
+from multiworld_operator.cli import main
+sys.exit(main(["crd"]))
+"""
+
+
+def test_operator_code_and_entrypoint_run_without_torch() -> None:
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH], capture_output=True, text=True, timeout=120,
+                            cwd=REPO, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "kind: CustomResourceDefinition" in result.stdout
+
+
 def pip_installs(stage: Stage) -> list[str]:
     return [args for args in stage.args_of("RUN") if "pip install" in args]
 

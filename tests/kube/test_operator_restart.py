@@ -10,7 +10,15 @@ from dataclasses import dataclass
 
 import pytest
 from multiworld_test_cluster import Cluster
-from operator_support import Kubelet, KubeNamespace, cluster_release, created_for, running_operator, two_worlds
+from operator_support import (
+    Kubelet,
+    KubeNamespace,
+    cluster_release,
+    created_for,
+    running_operator,
+    two_worlds,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kube
 
@@ -35,7 +43,15 @@ def offline(kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPat
                       lambda: running_operator(kubeconfig, namespace, monkeypatch))
 
 
-def test_restart_in_the_middle_of_a_recovery(offline: Offline) -> None:
+def replacements(kube: KubeNamespace) -> dict[str, str]:
+    """The pods made for wa's epoch 2, by uid."""
+    return {p: pod.metadata.uid for p, pod in kube.pods().items() if created_for(pod) == {"wa": 2}}
+
+
+@pytest.mark.parametrize("stop_at", ["epoch-bump", "replacements-made"])
+def test_restart_in_the_middle_of_a_recovery(offline: Offline, stop_at: str) -> None:
+    """Stopped once wa's epoch is bumped (its replacements made or not yet), or once every
+    replacement exists (Pending): the next operator finishes the same recovery."""
     kube, kubelet = offline.kube, offline.kubelet
     with offline.operator():
         kube.create(two_worlds())
@@ -44,9 +60,12 @@ def test_restart_in_the_middle_of_a_recovery(offline: Offline) -> None:
         kubelet.hold.set()  # replacement pods stay Pending: the recovery cannot finish
         kubelet.fail("mw-a-0")
         kube.wait_world("wa", lambda w: w["epoch"] == 2, "epoch 2")
-    # Stopped mid-recovery: wa is at epoch 2, its replacements made or not yet.
+        if stop_at == "replacements-made":
+            wait_for("both replacements of wa", lambda: set(replacements(kube)) == A_PODS or None)
     assert kube.status()["worlds"]["wa"]["phase"] == "Recovering"
-    made = {p: pod.metadata.uid for p, pod in kube.pods().items() if created_for(pod) == {"wa": 2}}
+    made = replacements(kube)
+    if stop_at == "replacements-made":
+        assert set(made) == A_PODS
 
     with offline.operator():
         kubelet.hold.clear()

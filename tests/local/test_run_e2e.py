@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import zlib
@@ -57,6 +59,7 @@ def run(path: Path, tmp_path: Path, *flags: str) -> dict:
     assert result.stdout.strip(), result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     summary["_stderr"] = result.stderr
+    summary["_output"] = result.stdout + result.stderr
     summary["_rc"] = result.returncode
     assert summary["orphans"] == 0, result.stderr
     assert not leftover_processes(run_name(tmp_path)), "a member process outlived the run"
@@ -136,3 +139,49 @@ def test_a_plain_torch_world_loses_every_rank_to_one_death(tmp_path):
     assert summary["_rc"] == 0
     log = (tmp_path / "logs" / f"{run_name(tmp_path)}-leader-0.log").read_text()
     assert log.count("--- start ") == 2, log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_every_member_and_prints_the_summary(tmp_path, sig):
+    """No --duration: the run goes on until Ctrl-C (or SIGTERM), then stops every member."""
+    path = manifest(tmp_path, **SEED)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
+         "--log-dir", str(tmp_path / "logs")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+    )
+    lines: list[str] = []
+    try:
+        assert runner.stdout is not None
+        running: set[str] = set()
+        for line in runner.stdout:
+            lines.append(line)
+            if match := re.search(r"(world\d): Running epoch=1 ranks=3/3", line):
+                running.add(match.group(1))
+            if running == {"world1", "world2"}:
+                break
+        assert running == {"world1", "world2"}, "".join(lines)
+        runner.send_signal(sig)
+        rest, _ = runner.communicate(timeout=60)
+    finally:
+        runner.kill()
+        runner.wait()
+    lines.append(rest)
+    summary = json.loads(rest.strip().splitlines()[-1])
+    assert runner.returncode == 0, "".join(lines)
+    assert summary["orphans"] == 0
+    assert {w["phase"] for w in summary["worlds"].values()} == {"Running"}, summary
+    assert not leftover_processes(run_name(tmp_path)), "a member process outlived the run"
+
+
+def test_chaos_kills_members_and_the_worlds_recover(tmp_path):
+    """Random kills (a kill during a recovery folds into it, and restarts back off): worlds fail
+    and recover, none runs out of restarts, and nothing outlives the run."""
+    summary = run(manifest(tmp_path, **SEED), tmp_path, "--chaos", "8", "--seed", "7", "--duration", "45")
+    kills = summary["_output"].count("injecting failure: SIGKILL")
+    worlds = summary["worlds"].values()
+    assert kills >= 1, summary["_output"]
+    assert sum(w["failures"] for w in worlds) >= 1, summary["_output"]
+    assert sum(w["recoveries"] for w in worlds) >= 1, summary["_output"]
+    assert {w["phase"] for w in worlds} <= {"Running", "Recovering"}, summary["_output"]
+    assert summary["_rc"] == 0
