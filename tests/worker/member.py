@@ -363,12 +363,39 @@ def frozen_exit(args: dict[str, Any]) -> None:
     sys.exit(args["exit_status"])
 
 
+# ---- a blocking recv, answered or freed by a break ---------------------------------------------
+
+
+def blocked_recv(args: dict[str, Any]) -> None:
+    """Rank 0 receives from rank 1 (blocking) until its world breaks; rank 1 sends one tensor
+    per `send` line on stdin."""
+    manager = mw.WorldManager(pod=args["pod"], config=config(args))
+    world = manager.join(args["world"])
+    emit("joined", rank=world.rank)
+    if world.rank == 1:
+        for count, line in enumerate(sys.stdin, start=1):
+            if line.strip() == "send":
+                world.send(torch.full((4,), float(count)), dst=0)
+        return
+    while True:
+        got = torch.zeros(4)
+        emit("waiting")
+        try:
+            world.recv(got, src=1)
+        except mw.WorldBrokenError as exc:
+            emit("broken", reason=exc.reason, peer_rank=exc.peer_rank)
+            break
+        emit("received", value=values(got))
+    manager.close()
+
+
 SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "collectives": collectives,
     "steady": steady,
     "join": join,
     "bad_args": bad_args,
     "frozen_exit": frozen_exit,
+    "blocked_recv": blocked_recv,
 }
 
 def use_backend(backend: str) -> None:

@@ -209,3 +209,26 @@ def test_exit_is_fast_with_a_frozen_peer(spawn) -> None:
         if wait_for_verdict:
             assert "rank 1 sent no heartbeat" in leader.named("broken")[0]["reason"]
         peer.kill()
+
+
+def test_a_blocking_recv_waits_as_long_as_its_peer_lives_and_ends_when_it_freezes(spawn) -> None:
+    """The caller's own thread waits on a gloo recv: a silent but healthy peer is waited for
+    (longer than dead_after), a send is received, and a frozen peer's verdict frees the wait."""
+    (port,) = free_ports(1)
+    args = {"detect": TEST_DETECT}
+    receiver = spawn("blocked_recv", {**args, "pod": "R", "world": assignment("w", 0, 2, port)})
+    sender = spawn("blocked_recv", {**args, "pod": "S", "world": assignment("w", 1, 2, port)})
+    receiver.wait_for("waiting")
+    time.sleep(TEST_DETECT["dead_after"] * 1.5)
+    assert not receiver.named("broken") and not receiver.named("received")
+    sender.tell("send")
+    assert receiver.wait_for("received")["value"] == [1.0] * 4
+
+    frozen_at = time.time()
+    sender.signal(signal.SIGSTOP)
+    broken = receiver.wait_for("broken")
+    print(f"\nblocking recv, peer SIGSTOPped: freed after {(broken['at'] - frozen_at) * 1000:.0f} ms")
+    assert broken["at"] - frozen_at < DETECTED_WITHIN
+    assert "heartbeat" in broken["reason"] and broken["peer_rank"] == 1, broken
+    assert receiver.wait_exit() == 0, receiver.stderr()
+    sender.kill()

@@ -35,11 +35,17 @@ _NCCL_MONITORING = "TORCH_NCCL_ENABLE_MONITORING"
 # are aborted inside one NCCL group, one batch at a time.
 _nccl_abort_lock = threading.Lock()
 
+# A timed wait this short on a blocked gloo send/recv closes its pair (see GlooDriver).
+_INTERRUPT = timedelta(milliseconds=1)
+
 
 class Driver(Protocol):
     name: str
     # Ops whose works have no future and no usable timed wait: a waiter thread waits for them.
     waited_ops: frozenset[str]
+    # Waited ops whose blocking form the caller's own thread waits for (no waiter thread):
+    # `interrupt` ends such a wait when the world breaks.
+    interruptible_ops: frozenset[str]
     # Where tensors must live (None: anywhere the backend accepts).
     device: torch.device | None
 
@@ -48,6 +54,10 @@ class Driver(Protocol):
 
     def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
         """An op started with async_op=True: settle `work` when the op completes."""
+        ...
+
+    def interrupt(self, works: set[Any]) -> None:
+        """The world broke: end the callers' waits on these works (interruptible_ops)."""
         ...
 
     def barrier_options(self) -> BarrierOptions: ...
@@ -73,6 +83,10 @@ class GlooDriver:
     # send/recv: no future, and a timed-out wait closes the pair; reduce_scatter: no future,
     # and its wait ignores the timeout.
     waited_ops = frozenset({"send", "recv", "reduce_scatter"})
+    # A blocked send/recv wait ends ("Application timeout caused pair closure") as soon as
+    # another thread's timed wait on the same work times out: the caller waits itself, with no
+    # thread handoff, and a break still frees it at once (measured on torch 2.13).
+    interruptible_ops = frozenset({"send", "recv"})
     device = None
 
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup:
@@ -109,6 +123,13 @@ class GlooDriver:
 
     def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
         torch_work.get_future().add_done_callback(work._on_future)
+
+    def interrupt(self, works: set[Any]) -> None:
+        for work in works:
+            try:
+                work.wait(_INTERRUPT)
+            except RuntimeError:
+                pass  # timed out, and the pair is closed: the caller's wait raises now
 
     def barrier_options(self) -> BarrierOptions:
         return BarrierOptions()
@@ -161,6 +182,7 @@ def make_nccl_env_safe() -> None:
 class NcclDriver:
     name = "nccl"
     waited_ops: frozenset[str] = frozenset()
+    interruptible_ops: frozenset[str] = frozenset()
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -200,6 +222,9 @@ class NcclDriver:
         # while NCCL still wrote them (garbage all_gather outputs, seen on an H100).
         self.wait(world, op, torch_work)
         work._settle(None)
+
+    def interrupt(self, works: set[Any]) -> None:
+        return None  # no NCCL op is waited for outside the world's abort
 
     def barrier_options(self) -> BarrierOptions:
         options = BarrierOptions()

@@ -78,6 +78,7 @@ class Collectives:
     _comm: Backend | None
     _error: WorldBrokenError | None
     _pending: set[Work]
+    _blocked: set[Any]
     _driver: Driver
     _waiters: Waiters | None
     _slice: timedelta
@@ -176,6 +177,8 @@ class Collectives:
                 raise
             else:
                 if not track:
+                    if op in self._driver.interruptible_ops:
+                        self._blocked.add(torch_work)
                     return torch_work, None
                 work = Work(self, op, torch_work)  # type: ignore[arg-type]
                 self._pending.add(work)
@@ -184,6 +187,16 @@ class Collectives:
         raise self._op_failed(op, failure).fresh() from failure
 
     def _run(self, op: str, call: Callable[[Backend], Any], async_op: bool) -> Work | None:
+        if not async_op and op in self._driver.interruptible_ops:
+            torch_work, _ = self._start(op, call, track=False)
+            try:
+                torch_work.wait()
+            except RuntimeError as exc:
+                raise self._op_failed(op, exc).fresh() from exc
+            finally:
+                with self._lock:
+                    self._blocked.discard(torch_work)
+            return None
         if op in self._driver.waited_ops:
             assert self._waiters is not None
             _, work = self._start(op, call, track=True)

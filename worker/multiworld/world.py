@@ -53,6 +53,7 @@ class World(Collectives):
         self._lock = threading.Lock()
         self._error: WorldBrokenError | None = None
         self._pending: set[Work] = set()
+        self._blocked: set[Any] = set()  # torch works that a caller's thread waits on directly
         self._options: dict[tuple[object, ...], Any] = {}
         self._slice = timedelta(seconds=config.heartbeat_interval)
         self._waiters = Waiters(self.name) if driver.waited_ops else None
@@ -127,9 +128,11 @@ class World(Collectives):
                 return self._error
             error = self._error = WorldBrokenError(self.name, self.epoch, reason, peer_rank)
             pending, self._pending = self._pending, set()
+            blocked, self._blocked = self._blocked, set()
         (log.warning if report else log.info)("%s", error)
         for work in pending:
             work._settle(error)
+        self._driver.interrupt(blocked)
         if publish:
             self._published = True
             # A deliberate drop (not reported here) names this rank as the one that went.
