@@ -117,8 +117,8 @@ class Work:
 
 
 class Waiters:
-    """Daemon threads that call `wait()` on works that offer no future (gloo send, recv and
-    reduce_scatter).
+    """Daemon threads that call `wait()` on works that offer no future (gloo's async send and
+    recv, and its reduce_scatter; a blocking send or recv is waited for by its caller).
 
     A thread is reused when idle and a new one starts only when all are busy, so unrelated
     ops never wait on each other. A wait stuck on a silent peer never holds up process exit
