@@ -10,7 +10,8 @@ import asyncio
 import threading
 import time
 
-from examples_expected import all_gather_lines, all_reduce_lines, assert_never_broke, check_steps
+import pytest
+from examples_expected import EXPECTED, all_reduce_lines, assert_never_broke, check_steps
 from examples_harness import (
     EXIT_TIMEOUT,
     SEED_TOPOLOGY,
@@ -62,11 +63,13 @@ def start_members(example: str, table: WorldTable, platform: Platform, flags: li
     }
 
 
-def test_a_rebuilt_world_is_taken_up_again_at_its_new_epoch() -> None:
+@pytest.mark.parametrize("example", sorted(EXPECTED))
+def test_a_rebuilt_world_is_taken_up_again_at_its_new_epoch(example: str) -> None:
     steps = 12
     base = free_base_port()
     platform = Platform()
-    processes = start_members("all_gather", seed_table(base), platform, ["--steps", str(steps), "--interval", "0.25"])
+    lines = EXPECTED[example]
+    processes = start_members(example, seed_table(base), platform, ["--steps", str(steps), "--interval", "0.25"])
     dead: list[ExampleProcess] = []
     try:
         processes["w1-1"].wait_for_line(f"done with step: {KILL_AFTER_STEP}")
@@ -78,7 +81,7 @@ def test_a_rebuilt_world_is_taken_up_again_at_its_new_epoch() -> None:
         platform.publish(rebuilt)
         dead.append(processes.pop("w1-1"))
         processes["w1-1"] = ExampleProcess(
-            "w1-1 (replacement)", [example_script("all_gather"), "--steps", str(steps), "--interval", "0.25"],
+            "w1-1 (replacement)", [example_script(example), "--steps", str(steps), "--interval", "0.25"],
             member_env(rebuilt, "w1-1", platform.url),
         )
         assert_all_exit_zero(processes)
@@ -97,12 +100,12 @@ def test_a_rebuilt_world_is_taken_up_again_at_its_new_epoch() -> None:
     assert survivor.lines.count("done with step: 1") == 1, outputs["w1-0"]
     # The replacement went on from the survivors' step, with the values of that step.
     assert "done with step: 1" not in replacement.lines, outputs["w1-1"]
-    check_steps(replacement, [(1, 2)], all_gather_lines, range(steps, steps + 1))
-    check_steps(survivor, [(1, 1)], all_gather_lines, range(steps, steps + 1))
+    check_steps(replacement, [(1, 2)], lines, range(steps, steps + 1))
+    check_steps(survivor, [(1, 1)], lines, range(steps, steps + 1))
     # world2 never noticed.
     assert not [line for line in leader.lines if line.startswith("world2 broke")], outputs["leader"]
     for name in ("w2-0", "w2-1"):
-        check_steps(processes[name], SEED_TOPOLOGY[name], all_gather_lines, range(1, steps + 1))
+        check_steps(processes[name], SEED_TOPOLOGY[name], lines, range(1, steps + 1))
         assert_never_broke(processes[name])
 
 

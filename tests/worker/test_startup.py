@@ -15,7 +15,7 @@ from multiworld.channels import open_channel
 from multiworld.channels.local import LocalChannel
 from multiworld.channels.none import NoneChannel
 from multiworld.contract import BrokenWorldReport, ChannelMessage, WorkerStatus, WorldTable
-from multiworld.detect import Verdict
+from multiworld.detect import Verdict, short
 
 
 def imported_after(code: str) -> set[str]:
@@ -51,6 +51,13 @@ def test_verdict_round_trip_and_foreign_text() -> None:
     assert Verdict.decode(verdict.encode().encode()) == verdict
     assert verdict.describe() == "rank 2 sent no heartbeat for 1.0s (verdict of rank 0)"
     assert Verdict.decode(b"operator says stop").describe() == "operator says stop"
+
+
+def test_a_gloo_error_is_told_without_its_source_location_and_hints() -> None:
+    text = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+            "[127.0.0.1]:20872. This is typically caused by a remote worker crashing.\nmore")
+    assert short(RuntimeError(text)) == "Connection closed by peer [127.0.0.1]:20872."
+    assert short(RuntimeError("")) == "RuntimeError"
 
 
 def test_channel_choice_by_scheme() -> None:

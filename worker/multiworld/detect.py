@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -142,10 +143,14 @@ def epoch_key(world: str) -> str:
     return f"{world}/epoch"
 
 
+# "[/path/to/gloo/transport/tcp/pair.cc:553] " at the start of gloo's errors.
+_SOURCE_LOCATION = re.compile(r"^\[[^\]]+:\d+\]\s*")
+
+
 def short(exc: BaseException) -> str:
-    """The first line of an error, without gloo's long hints."""
+    """The first line of an error, without gloo's source location and long hints."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = text.split(" This is typically caused")[0]
+    text = _SOURCE_LOCATION.sub("", text).split(" This is typically caused")[0]
     return text[:300]
 
 

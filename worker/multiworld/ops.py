@@ -54,6 +54,13 @@ def _reduce_op_name(op: AnyReduceOp) -> str:
     raise ValueError(f"op must be a ReduceOp (SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR), got {op!r}")
 
 
+def _lost_peer(exc: RuntimeError) -> bool:
+    """Whether an op failed to start because the communicator lost a peer: NCCL checks its
+    communicator then (a DistError), and gloo's send and recv fail on a pair already closed
+    (its transport's errors name their source file, gloo/transport/...)."""
+    return isinstance(exc, DistError) or "gloo/transport/" in str(exc)
+
+
 def _check_tensor(name: str, tensor: Any, device: torch.device | None) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -167,14 +174,14 @@ class Collectives:
             assert self._comm is not None
             try:
                 torch_work = call(self._comm)
-            except DistError as exc:
-                # NCCL checks its communicator when an op starts: a peer's death can show here.
-                failure = exc
             except RuntimeError as exc:
-                text = str(exc).lower()
-                if "not supported" in text or "not implemented" in text or "unsupported" in text:
-                    raise UnsupportedOpError(op, self._driver.name, short(exc)) from exc
-                raise
+                if _lost_peer(exc):
+                    failure = exc
+                else:
+                    text = str(exc).lower()
+                    if "not supported" in text or "not implemented" in text or "unsupported" in text:
+                        raise UnsupportedOpError(op, self._driver.name, short(exc)) from exc
+                    raise
             else:
                 if not track:
                     if op in self._driver.interruptible_ops:
