@@ -1,5 +1,5 @@
-"""What a dead process costs. MultiWorld (the seed's all_gather failure case): only its world.
-Plain torch.distributed (single_world): everyone."""
+"""What a dead process costs. MultiWorld (the seed's all_gather failure case, and the same
+kill in every other example): only its world. Plain torch.distributed (single_world): everyone."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import re
 import signal
 
 import pytest
+from examples_expected import CUDA_DEVICE, EXPECTED
 from examples_harness import (
     BACKENDS,
     EXIT_TIMEOUT,
@@ -28,16 +29,41 @@ def broke_lines(process: ExampleProcess, world: str) -> list[str]:
     return [line for line in process.lines if line.startswith(f"{world} broke: ")]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_killing_a_world1_rank_leaves_world2_untouched(backend: str) -> None:
+def kill_world1_rank2(example: str, backend: str) -> dict[str, ExampleProcess]:
+    """The seed topology, flags from --worldinfo; world1's rank 2 is SIGKILLed after its step
+    KILL_AFTER_STEP; returns once every process exited."""
     flags = ["--port", str(free_base_port()), "--steps", str(STEPS), "--interval", "0.2"]
-    processes = start_seed_topology("all_gather", flags, backend)
+    processes = start_seed_topology(example, flags, backend)
     victim = processes["w1-1"]  # world1, rank 2
     try:
         victim.wait_for_line(f"done with step: {KILL_AFTER_STEP}")
         victim.kill()
     finally:
-        codes = finish(processes)
+        finish(processes)
+    return processes
+
+
+@pytest.mark.parametrize("example", sorted(set(EXPECTED) - {"all_gather"}))
+def test_every_example_loses_only_the_world_of_a_dead_rank(example: str) -> None:
+    processes = kill_world1_rank2(example, "gloo")
+    leader = processes["leader"]
+    lines = [CUDA_DEVICE.sub("", line) for line in leader.lines]
+    assert leader.proc.returncode == 0, leader.output()
+    assert len(broke_lines(leader, "world1")) == 1 and not broke_lines(leader, "world2"), leader.output()
+    for step in range(1, STEPS + 1):
+        for line in EXPECTED[example]("world2", 0, step):
+            assert line in lines, f"leader is missing {line!r}:\n{leader.output()}"
+    assert lines.count("done with step: 1") == 2 and lines.count(f"done with step: {STEPS}") == 1, leader.output()
+    assert processes["w1-0"].proc.returncode == 1, processes["w1-0"].output()
+    for name in ("w2-0", "w2-1"):
+        assert processes[name].proc.returncode == 0, processes[name].output()
+        assert not [line for line in processes[name].lines if "broke" in line], processes[name].output()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killing_a_world1_rank_leaves_world2_untouched(backend: str) -> None:
+    processes = kill_world1_rank2("all_gather", backend)
+    codes = {name: process.proc.returncode for name, process in processes.items()}
     outputs = {name: process.output() for name, process in processes.items()}
 
     leader = processes["leader"]
