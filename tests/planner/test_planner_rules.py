@@ -145,6 +145,26 @@ def test_shared_pod_failure_fails_every_world_it_is_in() -> None:
         LEADER: {"world1": 2, "world2": 2}, W1_0: {"world1": 2}, W1_1: {"world1": 2}, W2_0: {"world2": 2}}
 
 
+def test_shared_pod_dying_after_one_of_its_worlds_moved_on_fails_that_world_once() -> None:
+    """The leader dies: world2's worker reports it first, so world2 moves to epoch 2 keeping the
+    leader (world1 still looked healthy); then the leader's exit shows. world1 fails; world2,
+    whose epoch 2 the dead instance never joined, is not failed again: the new leader joins it."""
+    sim = running()
+    sim.report("world2", epoch=1, pod=W2_0, peer_rank=0)
+    sim.step()
+    assert sim.epoch("world2") == 2
+    sim.fail(LEADER)
+    result = sim.step()
+    assert (sim.epoch("world1"), sim.epoch("world2")) == (2, 2)
+    assert [(e.reason, e.world) for e in result.events] == [("WorldFailed", "world1")]
+    assert result.status.worlds["world2"].restarts == 1
+    result = sim.step()
+    assert {c.pod: c.created_for for c in result.creates}[LEADER] == {"world1": 2, "world2": 2}
+    sim.settle()
+    assert sim.status is not None and sim.status.phase == "Running"
+    assert (sim.epoch("world1"), sim.epoch("world2")) == (2, 2)
+
+
 def test_report_at_current_epoch_fails_the_world_and_keeps_the_shared_pod() -> None:
     sim = running()
     sim.report("world2", epoch=1, pod=W2_0, peer_rank=0)

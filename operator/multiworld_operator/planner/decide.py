@@ -8,6 +8,9 @@ Rules (DESIGN.md, "Recovery semantics"):
   within the failure policy's window, after a backoff (out of the world table meanwhile; a world
   waiting cannot fail again). When the window already holds `maxRestarts` restarts the world is
   Failed for good instead; the others go on.
+- A pod instance that ends fails only the worlds whose current epoch it was made for or joined
+  (or may have: when nothing says what it joined). A shared pod kept for a world's new epoch
+  that dies before joining it fails that world no second time: its replacement joins the epoch.
 - A dead pod is replaced. A live pod of a world that just failed is replaced only when all its
   worlds have failed (none is up other than by restarting from this failure); any other pod
   stays and joins the new epoch through the table.
@@ -52,6 +55,14 @@ def plan(
     `backend_of(world)` defaults to the cluster rule `multiworld.backend_of`."""
     return _Planning(multiworld, status or MultiWorldStatus(), observation, endpoint,
                      backend_of or multiworld.backend_of, first=status is None).run()
+
+
+def _took_part(record: PodRecord, seen: PodObservation | None, world: str, epoch: int) -> bool:
+    """Whether the pod instance that ended was (or may have been) a rank of `world` at `epoch`."""
+    if record.created_for.get(world) == epoch:
+        return True
+    joined = seen.joined if seen is not None else None
+    return joined is None or joined.get(world) == epoch
 
 
 class _Planning:
@@ -147,7 +158,7 @@ class _Planning:
             del self.records[pod]
             for world in self.pod_worlds[pod]:
                 state = self.worlds[world]
-                if state.up and world not in failures:
+                if state.up and world not in failures and _took_part(record, seen if ours else None, world, state.epoch):
                     rank = state.pods.index(pod)
                     failures[world] = Failure(
                         time=self.now, reason=reason, pod=pod, rank=rank, epoch=state.epoch,
