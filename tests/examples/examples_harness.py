@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from multiworld.contract import WorkerEnv, WorldEntry, WorldTable
+from multiworld_operator.local.gpus import gpu_env
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -154,11 +155,11 @@ BACKENDS = [
 
 
 def backend_env(backend: str, name: str) -> dict[str, str]:
-    """NCCL refuses two ranks of one communicator on one GPU: with fewer GPUs than ranks,
-    each process gets a host id of its own, so NCCL takes them for separate hosts."""
-    if backend != "nccl" or torch.cuda.device_count() >= len(SEED_TOPOLOGY):
+    """What `multiworld run` gives a process of NCCL worlds: its GPU and, with fewer GPUs than
+    processes, a host id of its own (see gpu_env)."""
+    if backend != "nccl":
         return {}
-    return {"NCCL_HOSTID": f"{socket.gethostname()}-{name}", "NCCL_SOCKET_IFNAME": "lo"}
+    return gpu_env(name, list(SEED_TOPOLOGY).index(name), len(SEED_TOPOLOGY), torch.cuda.device_count())
 
 
 def start_seed_topology(example: str, flags: Sequence[str], backend: str = "gloo") -> dict[str, ExampleProcess]:

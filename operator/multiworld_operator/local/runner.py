@@ -95,9 +95,10 @@ class LocalRunner:
             self.backends[world.name] = backend
             if warning:
                 self.view.event(f"warning: {warning}")
-        # Processes in an NCCL world, in pod order: each gets its GPU from its place here.
-        self.gpu_pods = [p for p in multiworld.all_pods()
-                         if any(self.backends[w] == "nccl" for w in multiworld.worlds_of_pod(p))]
+        # Processes in an NCCL world, in pod order: each gets its GPU from its place there.
+        gpu_pods = [p for p in multiworld.all_pods()
+                    if any(self.backends[w] == "nccl" for w in multiworld.worlds_of_pod(p))]
+        self.gpu_envs = {p: gpu_env(p, i, len(gpu_pods), self.gpus) for i, p in enumerate(gpu_pods)}
         self.ports = {w.name: free_port() for w in multiworld.spec.worlds}
         self.server = ChannelServer(on_report=self._on_report, on_status=self._on_status)
         self.table_url = ""
@@ -155,9 +156,8 @@ class LocalRunner:
         if action.pod in self.procs:
             return
         argv, env = self.commands[action.member]
-        if action.pod in self.gpu_pods:
-            env = {**gpu_env(action.pod, self.gpu_pods.index(action.pod), len(self.gpu_pods), self.gpus), **env}
-        env = {**env, **self.run_env, **action.worker_env(self.table_url).to_env()}
+        contract = action.worker_env(self.table_url).to_env()
+        env = {**self.gpu_envs.get(action.pod, {}), **env, **self.run_env, **contract}
         proc = await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir, self.spares)
         self.procs[action.pod] = proc
         self.created_for[action.pod] = dict(action.created_for)
