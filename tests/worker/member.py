@@ -291,6 +291,10 @@ def bad_args(args: dict[str, Any]) -> None:
         "dst_out_of_range": lambda: world.send(one, dst=n),
         "src_negative": lambda: world.recv(one, src=-1),
         "send_to_self": lambda: world.send(one, dst=r),
+        "send_not_a_tensor": lambda: world.send([1.0], dst=1 - r),
+        "recv_non_contiguous": lambda: world.recv(torch.ones(4)[::2], src=1 - r),
+        "send_non_contiguous_async": lambda: world.send(torch.ones(4)[::2], dst=1 - r, async_op=True),
+        "send_dst_bool": lambda: world.send(one, dst=bool(1 - r)),
         "dst_not_int": lambda: world.reduce(one, dst="0"),
         "broadcast_src_out_of_range": lambda: world.broadcast(one, src=n + 3),
         "all_gather_short_list": lambda: world.all_gather([torch.empty(1)], one),
@@ -389,6 +393,43 @@ def blocked_recv(args: dict[str, Any]) -> None:
     manager.close()
 
 
+# ---- a blocking collective that never completes, freed by a break ----------------------------
+
+
+def blocked_collective(args: dict[str, Any]) -> None:
+    """Ranks other than the last block on a thread of their own, in an all_reduce that the last
+    rank never joins (alive and silent), or (op `recv`) ranks 0 and 1 each in a recv from the
+    other. `leave` on stdin makes this process leave the world from its main thread while the
+    other thread is blocked."""
+    manager = mw.WorldManager(pod=args["pod"], config=config(args))
+    world = manager.join(args["world"])
+    emit("joined", rank=world.rank)
+
+    def blocked() -> None:
+        emit("waiting")
+        try:
+            if args["op"] == "recv":
+                world.recv(torch.ones(4), src=1 - world.rank)
+            else:
+                world.all_reduce(torch.ones(4))
+        except mw.WorldBrokenError as exc:
+            emit("broken", reason=exc.reason, peer_rank=exc.peer_rank)
+            return
+        emit("completed")
+
+    thread = threading.Thread(target=blocked) if world.rank < world.size - 1 else None
+    if thread is not None:
+        thread.start()
+    for line in sys.stdin:
+        if line.strip() == "leave":
+            manager.leave(world.name)
+            emit("left")
+            break
+    if thread is not None:
+        thread.join()
+    manager.close()
+
+
 SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "collectives": collectives,
     "steady": steady,
@@ -396,6 +437,7 @@ SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "bad_args": bad_args,
     "frozen_exit": frozen_exit,
     "blocked_recv": blocked_recv,
+    "blocked_collective": blocked_collective,
 }
 
 def use_backend(backend: str) -> None:

@@ -232,3 +232,49 @@ def test_a_blocking_recv_waits_as_long_as_its_peer_lives_and_ends_when_it_freeze
     assert "heartbeat" in broken["reason"] and broken["peer_rank"] == 1, broken
     assert receiver.wait_exit() == 0, receiver.stderr()
     sender.kill()
+
+
+
+@pytest.mark.parametrize(("op", "action"), [("all_reduce", "freeze"), ("all_reduce", "leave"), ("recv", "leave")])
+def test_a_blocked_op_is_freed_by_a_frozen_peer_and_by_a_deliberate_leave(spawn, op: str, action: str) -> None:
+    """Ranks 0 and 1 of three are blocked: in an all_reduce that rank 2 never joins, or each in
+    a recv from the other. When rank 2 freezes, both are freed with the heartbeat's verdict.
+    When instead rank 0 leaves the world from another thread, its own blocked caller is freed,
+    and rank 1 learns that rank 0 left (the verdict, not a closed connection): a deliberate
+    leave never looks like a failure."""
+    (port,) = free_ports(1)
+    args = {"detect": TEST_DETECT, "op": op}
+    members = [
+        spawn("blocked_collective", {**args, "pod": f"m{rank}", "world": assignment("w", rank, 3, port)})
+        for rank in range(3)
+    ]
+    blocked, idle = members[:2], members[2]
+    for member in blocked:
+        member.wait_for("waiting")
+    idle.wait_for("joined")
+    time.sleep(TEST_DETECT["dead_after"] * 1.5)
+    assert not any(m.named("broken") or m.named("completed") for m in blocked), "an op ended early"
+
+    acted_at = time.time()
+    if action == "freeze":
+        idle.signal(signal.SIGSTOP)
+    else:
+        blocked[0].tell("leave")
+    freed = [m.wait_for("broken") for m in blocked]
+    took = max(e["at"] for e in freed) - acted_at
+    print(f"\n{op} blocked on 2 of 3 ranks, {action}: both callers freed after {took * 1000:.0f} ms")
+    assert took < DETECTED_WITHIN
+    if action == "freeze":
+        for event in freed:
+            assert "rank 2 sent no heartbeat" in event["reason"] and event["peer_rank"] == 2, event
+        idle.kill()
+        for member in blocked:
+            member.tell("leave")
+            assert member.wait_exit() == 0, member.stderr()
+    else:
+        assert freed[0]["reason"] == "rank 0 left the world", freed[0]
+        assert freed[1]["reason"] == "rank 0 left the world (verdict of rank 0)", freed[1]
+        for member in (blocked[1], idle):
+            member.tell("leave")
+        for member in members:
+            assert member.wait_exit() == 0, member.stderr()

@@ -1,7 +1,7 @@
 """Communicators built directly per world (no default process group), one driver per backend.
 
-A driver builds the world's ProcessGroup on the world's own store, says how a blocking op
-waits, and aborts communicators. gloo and NCCL share everything else (world.py, ops.py).
+A driver builds the world's ProcessGroup on the world's own store, says how an awaited op
+completes, frees callers blocked in a broken world's ops, and aborts communicators. gloo and NCCL share everything else (world.py, ops.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch._C._distributed_c10d import BarrierOptions, ProcessGroup, Store
+from torch._C._distributed_c10d import Backend, BarrierOptions, ProcessGroup, Store
 
 from multiworld.errors import UnsupportedOpError, WorldJoinError
 
@@ -35,29 +35,27 @@ _NCCL_MONITORING = "TORCH_NCCL_ENABLE_MONITORING"
 # are aborted inside one NCCL group, one batch at a time.
 _nccl_abort_lock = threading.Lock()
 
-# A timed wait this short on a blocked gloo send/recv closes its pair (see GlooDriver).
-_INTERRUPT = timedelta(milliseconds=1)
+# A gloo recv that times out closes every pair of its communicator (see GlooDriver.interrupt);
+# nothing is ever sent with this tag.
+_INTERRUPT_WAIT = timedelta(milliseconds=1)
+_INTERRUPT_TAG = 2**31 - 1
 
 
 class Driver(Protocol):
     name: str
-    # Ops whose works have no future and no usable timed wait: a waiter thread waits for them.
+    # Ops whose async works have no future: a waiter thread waits for them.
     waited_ops: frozenset[str]
-    # Waited ops whose blocking form the caller's own thread waits for (no waiter thread):
-    # `interrupt` ends such a wait when the world breaks.
-    interruptible_ops: frozenset[str]
     # Where tensors must live (None: anywhere the backend accepts).
     device: torch.device | None
 
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup: ...
-    def wait(self, world: World, op: str, work: Any) -> None: ...
 
     def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
         """An op started with async_op=True: settle `work` when the op completes."""
         ...
 
-    def interrupt(self, works: set[Any]) -> None:
-        """The world broke: end the callers' waits on these works (interruptible_ops)."""
+    def interrupt(self, comm: Backend, rank: int, size: int) -> None:
+        """The world broke: end every wait on this communicator's ops (callers blocked in them)."""
         ...
 
     def barrier_options(self) -> BarrierOptions: ...
@@ -79,14 +77,12 @@ def _register(pg: ProcessGroup, device: torch.device, kind: ProcessGroup.Backend
 
 
 class GlooDriver:
+    """A blocking op waits in its caller's own thread with a plain `wait()`: a timed wait costs
+    more per op, and a verdict on the world frees the caller through `interrupt`."""
+
     name = "gloo"
-    # send/recv: no future, and a timed-out wait closes the pair; reduce_scatter: no future,
-    # and its wait ignores the timeout.
+    # send/recv: no future; reduce_scatter: no future, and its wait ignores the timeout.
     waited_ops = frozenset({"send", "recv", "reduce_scatter"})
-    # A blocked send/recv wait ends ("Application timeout caused pair closure") as soon as
-    # another thread's timed wait on the same work times out: the caller waits itself, with no
-    # thread handoff, and a break still frees it at once (measured on torch 2.13).
-    interruptible_ops = frozenset({"send", "recv"})
     device = None
 
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup:
@@ -101,35 +97,24 @@ class GlooDriver:
         pg._set_group_name(group_name)
         return pg
 
-    def wait(self, world: World, op: str, work: Any) -> None:
-        """Wait in slices: a timed-out wait leaves a gloo collective running, and between
-        slices a verdict on the world wakes this op up."""
-        slice_ = world._slice
-        while True:
-            try:
-                work.wait(slice_)
-                return
-            except RuntimeError:
-                if work.is_completed():
-                    # The op finished: its own outcome decides (a slice timeout changes nothing).
-                    try:
-                        work.wait()
-                    except RuntimeError as exc:
-                        raise world._op_failed(op, exc).fresh() from exc
-                    return
-                error = world._error
-                if error is not None:
-                    raise error.fresh() from None
-
     def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
         torch_work.get_future().add_done_callback(work._on_future)
 
-    def interrupt(self, works: set[Any]) -> None:
-        for work in works:
+    def interrupt(self, comm: Backend, rank: int, size: int) -> None:
+        """Time out a recv that nothing answers: gloo then closes every pair of the
+        communicator ("Application timeout caused pair closure"), which fails every op in
+        flight on it, collectives included, and frees their waits (measured on torch 2.13)."""
+        for peer in range(size):
+            if peer == rank:
+                continue
             try:
-                work.wait(_INTERRUPT)
+                work = comm.recv([torch.empty(1, dtype=torch.uint8)], peer, _INTERRUPT_TAG)
             except RuntimeError:
-                pass  # timed out, and the pair is closed: the caller's wait raises now
+                continue  # this pair is closed already; another one closes the rest
+            try:
+                work.wait(_INTERRUPT_WAIT)
+            except RuntimeError:
+                return  # timed out: every pair is closed now
 
     def barrier_options(self) -> BarrierOptions:
         return BarrierOptions()
@@ -182,7 +167,6 @@ def make_nccl_env_safe() -> None:
 class NcclDriver:
     name = "nccl"
     waited_ops: frozenset[str] = frozenset()
-    interruptible_ops: frozenset[str] = frozenset()
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -204,7 +188,7 @@ class NcclDriver:
         pg._set_group_name(group_name)
         return pg
 
-    def wait(self, world: World, op: str, work: Any) -> None:
+    def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
         """torch's semantics for NCCL: the caller's current CUDA stream waits for the op's
         stream, the CPU goes on. An error that shows later (a peer gone mid-op) breaks the
         world through the heartbeat, and the op's outputs are garbage then.
@@ -212,19 +196,13 @@ class NcclDriver:
         The works' futures are not used: ProcessGroupNCCL completes them when the op is
         queued, and off the root a gather's or scatter's future fails on an undefined tensor
         ("Cannot access storage of UndefinedTensorImpl", torch 2.11, NCCL 2.28, H100)."""
-        try:
-            work.wait()
-        except RuntimeError as exc:
-            raise world._op_failed(op, exc).fresh() from exc
-
-    def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
         # Ordered on the caller's stream now: without it, an awaited op's outputs were read
         # while NCCL still wrote them (garbage all_gather outputs, seen on an H100).
-        self.wait(world, op, torch_work)
+        world._wait(op, torch_work)
         work._settle(None)
 
-    def interrupt(self, works: set[Any]) -> None:
-        return None  # no NCCL op is waited for outside the world's abort
+    def interrupt(self, comm: Backend, rank: int, size: int) -> None:
+        return None  # an NCCL wait never blocks the CPU (the caller's stream waits instead)
 
     def barrier_options(self) -> BarrierOptions:
         options = BarrierOptions()

@@ -48,7 +48,8 @@ class DetectConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Time between heartbeat ticks; also the longest a blocked op takes to see a verdict.
+    # Time between heartbeat ticks; also how long a caller blocked in a broken world's op
+    # stays blocked after the verdict, so that live peers read the verdict first.
     heartbeat_interval: float = Field(default=0.1, gt=0)
     # A peer whose heartbeat has not moved for this long is dead; a store call stuck this long
     # means the store host is gone.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -61,6 +60,26 @@ def _lost_peer(exc: RuntimeError) -> bool:
     return isinstance(exc, DistError) or "gloo/transport/" in str(exc)
 
 
+# The Backend method behind each op.
+_METHODS = {
+    "send": "send",
+    "recv": "recv",
+    "broadcast": "broadcast",
+    "all_reduce": "allreduce",
+    "reduce": "reduce",
+    "all_gather": "allgather",
+    "gather": "gather",
+    "scatter": "scatter",
+    "reduce_scatter": "reduce_scatter",
+    "all_to_all": "alltoall",
+    "barrier": "barrier",
+}
+# Ops whose backends refuse a non-tensor or a non-contiguous tensor before anything is posted
+# (gloo and NCCL send/recv), so that the tensor is checked only after a refusal, to name it.
+# Collectives are checked first: gloo reads a strided view as if it were contiguous.
+_SELF_CHECKED = frozenset({"send", "recv"})
+
+
 def _check_tensor(name: str, tensor: Any, device: torch.device | None) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -85,10 +104,11 @@ class Collectives:
     _comm: Backend | None
     _error: WorldBrokenError | None
     _pending: set[Work]
-    _blocked: set[Any]
     _driver: Driver
+    _device: torch.device | None
+    _ranks: frozenset[int]
+    _peers: frozenset[int]
     _waiters: Waiters | None
-    _slice: timedelta
     _options: dict[tuple[object, ...], Any]
 
     if TYPE_CHECKING:
@@ -98,6 +118,9 @@ class Collectives:
     # -- argument checks ---------------------------------------------------------------
 
     def _check_rank(self, name: str, rank: Any, *, peer: bool = False) -> None:
+        """Raise a clear error for a bad rank. The ops test `type(rank) is int and rank in
+        self._ranks` (or `_peers`) inline first and call this only when that fails: a rank out of
+        range must never reach gloo (it waits for a peer that does not exist, or aborts)."""
         if isinstance(rank, bool) or not isinstance(rank, int):
             raise TypeError(f"{name} must be an int rank, got {rank!r}")
         if not 0 <= rank < self.size:
@@ -113,7 +136,7 @@ class Collectives:
                 f"{name} must hold {self.size} tensors (one per rank of world {self.name!r}), got {len(tensors)}"
             )
         for i, tensor in enumerate(tensors):
-            _check_tensor(f"{name}[{i}]", tensor, self._driver.device)
+            _check_tensor(f"{name}[{i}]", tensor, self._device)
             if like is not None and (tensor.shape != like.shape or tensor.dtype != like.dtype):
                 raise ValueError(f"{name}[{i}] has {_describe(tensor)}, but {like_name} has {_describe(like)}")
         return list(tensors)
@@ -156,111 +179,128 @@ class Collectives:
         return options
 
     def _rooted_opts(self, kind: str, factory: Callable[[], Any], root: int) -> Any:
-        def build() -> Any:
-            options = factory()
+        options = self._options.get((kind, root))
+        if options is None:
+            options = self._options[(kind, root)] = factory()
             options.rootRank = root
             if hasattr(options, "rootTensor"):
                 options.rootTensor = 0
-            return options
-
-        return self._cached((kind, root), build)
+        return options
 
     # -- running ops -------------------------------------------------------------------
 
-    def _start(self, op: str, call: Callable[[Backend], Any], track: bool) -> tuple[Any, Work | None]:
-        with self._lock:
+    def _not_started(self, op: str, exc: Exception, args: tuple[Any, ...]) -> BaseException:
+        """What to raise when the communicator refused to start an op."""
+        if self._error is not None:
+            return self._error.fresh()  # released under the caller's feet
+        if op in _SELF_CHECKED:
+            _check_tensor("tensor", args[0][0], self._device)  # names what the backend refused
+        if not isinstance(exc, RuntimeError):
+            return exc
+        if _lost_peer(exc):
+            return self._op_failed(op, exc).fresh()
+        text = str(exc).lower()
+        if "not supported" in text or "not implemented" in text or "unsupported" in text:
+            return UnsupportedOpError(op, self._driver.name, short(exc))
+        return exc
+
+    def _run(self, op: str, args: tuple[Any, ...], async_op: bool) -> Work | None:
+        """Start `op` with `args` on the communicator (a Backend method, see _METHODS)."""
+        if async_op:
+            return self._run_async(op, args)
+        # The blocking path takes no lock and runs as little Python as it can: at 4 KiB on a
+        # loaded machine each line here showed in the latency (bench/collectives.py). The caller
+        # waits itself, with no thread handoff; a verdict on the world frees it through the
+        # driver's interrupt (see World._break).
+        comm = self._comm
+        if self._error is not None or comm is None:
+            raise self._error.fresh()  # type: ignore[union-attr]  # comm is dropped only after a break
+        try:
+            torch_work = getattr(comm, _METHODS[op])(*args)
+        except (RuntimeError, TypeError) as exc:
+            raise self._not_started(op, exc, args) from exc
+        try:
+            torch_work.wait()
+        except RuntimeError as exc:
+            raise self._op_failed(op, exc).fresh() from exc
+        return None
+
+    def _run_async(self, op: str, args: tuple[Any, ...]) -> Work:
+        failure: Exception | None = None
+        with self._lock:  # World._break swaps _pending under it
             if self._error is not None:
                 raise self._error.fresh()
             assert self._comm is not None
             try:
-                torch_work = call(self._comm)
-            except RuntimeError as exc:
-                if _lost_peer(exc):
-                    failure = exc
-                else:
-                    text = str(exc).lower()
-                    if "not supported" in text or "not implemented" in text or "unsupported" in text:
-                        raise UnsupportedOpError(op, self._driver.name, short(exc)) from exc
-                    raise
+                torch_work = getattr(self._comm, _METHODS[op])(*args)
+            except (RuntimeError, TypeError) as exc:
+                failure = exc
             else:
-                if not track:
-                    if op in self._driver.interruptible_ops:
-                        self._blocked.add(torch_work)
-                    return torch_work, None
                 work = Work(self, op, torch_work)  # type: ignore[arg-type]
                 self._pending.add(work)
-                return torch_work, work
-        # Outside the lock: breaking the world takes it.
-        raise self._op_failed(op, failure).fresh() from failure
-
-    def _run(self, op: str, call: Callable[[Backend], Any], async_op: bool) -> Work | None:
-        if not async_op and op in self._driver.interruptible_ops:
-            torch_work, _ = self._start(op, call, track=False)
-            try:
-                torch_work.wait()
-            except RuntimeError as exc:
-                raise self._op_failed(op, exc).fresh() from exc
-            finally:
-                with self._lock:
-                    self._blocked.discard(torch_work)
-            return None
+        if failure is not None:
+            # Outside the lock: breaking the world takes it.
+            raise self._not_started(op, failure, args) from failure
         if op in self._driver.waited_ops:
             assert self._waiters is not None
-            _, work = self._start(op, call, track=True)
-            assert work is not None
             self._waiters.submit(work)
-            if async_op:
-                return work
-            work.wait()
-            return None
-        torch_work, work = self._start(op, call, track=async_op)
-        if work is None:
-            self._driver.wait(self, op, torch_work)  # type: ignore[arg-type]
-            return None
-        self._driver.track(self, op, torch_work, work)  # type: ignore[arg-type]
+        else:
+            self._driver.track(self, op, torch_work, work)  # type: ignore[arg-type]
         return work
+
+    def _wait(self, op: str, torch_work: Any) -> None:
+        """Wait for a torch work in this thread; its failure breaks the world."""
+        try:
+            torch_work.wait()
+        except RuntimeError as exc:
+            raise self._op_failed(op, exc).fresh() from exc
 
     # -- point to point ----------------------------------------------------------------
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0, async_op: bool = False) -> Work | None:
         """Send `tensor` to rank `dst` of this world."""
-        _check_tensor("tensor", tensor, self._driver.device)
-        self._check_rank("dst", dst, peer=True)
-        return self._run("send", lambda pg: pg.send([tensor], dst, tag), async_op)
+        if type(dst) is not int or dst not in self._peers:
+            self._check_rank("dst", dst, peer=True)
+        if self._device is not None:
+            _check_tensor("tensor", tensor, self._device)
+        return self._run("send", ([tensor], dst, tag), async_op)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0, async_op: bool = False) -> Work | None:
         """Receive into `tensor` from rank `src` of this world."""
-        _check_tensor("tensor", tensor, self._driver.device)
-        self._check_rank("src", src, peer=True)
-        return self._run("recv", lambda pg: pg.recv([tensor], src, tag), async_op)
+        if type(src) is not int or src not in self._peers:
+            self._check_rank("src", src, peer=True)
+        if self._device is not None:
+            _check_tensor("tensor", tensor, self._device)
+        return self._run("recv", ([tensor], src, tag), async_op)
 
     # -- collectives -------------------------------------------------------------------
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Work | None:
-        _check_tensor("tensor", tensor, self._driver.device)
-        self._check_rank("src", src)
-        options = self._rooted_opts("broadcast", BroadcastOptions, src)
-        return self._run("broadcast", lambda pg: pg.broadcast([tensor], options), async_op)
+        _check_tensor("tensor", tensor, self._device)
+        if type(src) is not int or src not in self._ranks:
+            self._check_rank("src", src)
+        options = self._options.get(("broadcast", src)) or self._rooted_opts("broadcast", BroadcastOptions, src)
+        return self._run("broadcast", ([tensor], options), async_op)
 
     def all_reduce(self, tensor: torch.Tensor, op: AnyReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work | None:
-        _check_tensor("tensor", tensor, self._driver.device)
+        _check_tensor("tensor", tensor, self._device)
         options = self._reduce_opts("all_reduce", AllreduceOptions, op)
-        return self._run("all_reduce", lambda pg: pg.allreduce([tensor], options), async_op)
+        return self._run("all_reduce", ([tensor], options), async_op)
 
     def reduce(
         self, tensor: torch.Tensor, dst: int, op: AnyReduceOp = ReduceOp.SUM, async_op: bool = False
     ) -> Work | None:
         """Only rank `dst` is guaranteed to hold the result; other ranks' tensors are scratch."""
-        _check_tensor("tensor", tensor, self._driver.device)
+        _check_tensor("tensor", tensor, self._device)
         self._check_rank("dst", dst)
         options = self._reduce_opts("reduce", ReduceOptions, op, root=dst)
-        return self._run("reduce", lambda pg: pg.reduce([tensor], options), async_op)
+        return self._run("reduce", ([tensor], options), async_op)
 
     def all_gather(self, tensor_list: Sequence[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
-        _check_tensor("tensor", tensor, self._driver.device)
+        _check_tensor("tensor", tensor, self._device)
         outputs = self._check_list("tensor_list", tensor_list, tensor, "tensor")
         options = self._cached(("all_gather",), AllgatherOptions)
-        return self._run("all_gather", lambda pg: pg.allgather([outputs], [tensor], options), async_op)
+        return self._run("all_gather", ([outputs], [tensor], options), async_op)
 
     def gather(
         self,
@@ -269,11 +309,11 @@ class Collectives:
         dst: int = 0,
         async_op: bool = False,
     ) -> Work | None:
-        _check_tensor("tensor", tensor, self._driver.device)
+        _check_tensor("tensor", tensor, self._device)
         self._check_rank("dst", dst)
         outputs = self._root_list("gather_list", gather_list, tensor, "dst", dst)
         options = self._rooted_opts("gather", GatherOptions, dst)
-        return self._run("gather", lambda pg: pg.gather(outputs, [tensor], options), async_op)
+        return self._run("gather", (outputs, [tensor], options), async_op)
 
     def scatter(
         self,
@@ -282,11 +322,11 @@ class Collectives:
         src: int = 0,
         async_op: bool = False,
     ) -> Work | None:
-        _check_tensor("tensor", tensor, self._driver.device)
+        _check_tensor("tensor", tensor, self._device)
         self._check_rank("src", src)
         inputs = self._root_list("scatter_list", scatter_list, tensor, "src", src)
         options = self._rooted_opts("scatter", ScatterOptions, src)
-        return self._run("scatter", lambda pg: pg.scatter([tensor], inputs, options), async_op)
+        return self._run("scatter", ([tensor], inputs, options), async_op)
 
     def reduce_scatter(
         self,
@@ -295,10 +335,10 @@ class Collectives:
         op: AnyReduceOp = ReduceOp.SUM,
         async_op: bool = False,
     ) -> Work | None:
-        _check_tensor("output", output, self._driver.device)
+        _check_tensor("output", output, self._device)
         inputs = self._check_list("input_list", input_list, output, "output")
         options = self._reduce_opts("reduce_scatter", ReduceScatterOptions, op)
-        return self._run("reduce_scatter", lambda pg: pg.reduce_scatter([output], [inputs], options), async_op)
+        return self._run("reduce_scatter", ([output], [inputs], options), async_op)
 
     def all_to_all(
         self,
@@ -315,8 +355,8 @@ class Collectives:
                     f"output_tensor_list[{i}] has dtype {out.dtype}, but input_tensor_list[{i}] has {inp.dtype}"
                 )
         options = self._cached(("all_to_all",), AllToAllOptions)
-        return self._run("all_to_all", lambda pg: pg.alltoall(outputs, inputs, options), async_op)
+        return self._run("all_to_all", (outputs, inputs, options), async_op)
 
     def barrier(self, async_op: bool = False) -> Work | None:
         options = self._cached(("barrier",), self._driver.barrier_options)
-        return self._run("barrier", lambda pg: pg.barrier(options), async_op)
+        return self._run("barrier", (options,), async_op)

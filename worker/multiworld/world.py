@@ -50,12 +50,14 @@ class World(Collectives):
         self._pg: ProcessGroup | None = pg
         self._comm: Backend | None = pg._get_backend(driver.device or torch.device("cpu"))
         self._driver = driver
+        self._device = driver.device
+        self._ranks = frozenset(range(self.size))
+        self._peers = self._ranks - {self.rank}
         self._lock = threading.Lock()
         self._error: WorldBrokenError | None = None
         self._pending: set[Work] = set()
-        self._blocked: set[Any] = set()  # torch works that a caller's thread waits on directly
         self._options: dict[tuple[object, ...], Any] = {}
-        self._slice = timedelta(seconds=config.heartbeat_interval)
+        self._tick_s = config.heartbeat_interval
         self._waiters = Waiters(self.name) if driver.waited_ops else None
         self._on_broken = on_broken
         self._released = threading.Event()
@@ -116,6 +118,9 @@ class World(Collectives):
 
     def _stop_serving(self) -> None:
         self._heartbeat.join(self._heartbeat.dead_after)
+        # The peers read the verdict on their next tick; a store gone before that would tell
+        # them only that it is unreachable (a failure, where this was a deliberate leave).
+        time.sleep(2 * self._tick_s)
         stores.stop_serving(self.name, self.assignment.port)
 
     def _break(
@@ -128,11 +133,10 @@ class World(Collectives):
                 return self._error
             error = self._error = WorldBrokenError(self.name, self.epoch, reason, peer_rank)
             pending, self._pending = self._pending, set()
-            blocked, self._blocked = self._blocked, set()
+            comm = self._comm
         (log.warning if report else log.info)("%s", error)
         for work in pending:
             work._settle(error)
-        self._driver.interrupt(blocked)
         if publish:
             self._published = True
             # A deliberate drop (not reported here) names this rank as the one that went.
@@ -143,12 +147,26 @@ class World(Collectives):
             self._heartbeat.publish(verdict)
         else:
             self._heartbeat.stop()
+        if comm is not None:
+            # Callers blocked in this world's ops are freed by ending its communicator's ops.
+            # Peers that may still be alive get a tick to read the verdict first: connections
+            # closed under their ops would tell them only "connection closed", and would make
+            # a deliberate leave look like a failure.
+            peers_alive = self.size - 1 - (1 if report and peer_rank is not None else 0)
+            shutdown.start_thread(self._free_blocked, f"mw-interrupt-{self.name}", comm, peers_alive > 0)
         try:
             self._on_broken(self, error, report)
         finally:
             if release:
                 release_in_background([self])
         return error
+
+    def _free_blocked(self, comm: Backend, tell_peers: bool) -> None:
+        """End every op in flight on the communicator, and so every wait on one."""
+        if tell_peers:
+            self._heartbeat.join(self._tick_s)  # the verdict is written (bounded: a frozen store)
+            time.sleep(self._tick_s)
+        self._driver.interrupt(comm, self.rank, self.size)
 
     def _verdict_written(self) -> None:
         """Wait (bounded) until the heartbeat has written this member's verdict, if any."""
@@ -216,7 +234,7 @@ def _release(worlds: list[World]) -> None:
     # newer epoch) from the store, so they learn why rather than just see connections close.
     for world in worlds:
         world._verdict_written()
-    time.sleep(2 * max(world._slice.total_seconds() for world in worlds))
+    time.sleep(2 * max(world._tick_s for world in worlds))
     held: list[tuple[World, list[ProcessGroup]]] = []
     for world in worlds:
         # None: an earlier release took it, and that one sets `_released` when done.
