@@ -9,11 +9,11 @@ The `communicator` row shows that: a raw all_reduce on the World's communicator 
 ProcessGroupGloo built by hand in the same processes; a library that built a slower communicator
 would show there, beyond that noise.
 
-Both columns run in the same processes, interleaved round by round (which one goes first
-alternates) so that drift in the machine's load cancels out. A round's time for an
-implementation is the slowest rank's median op time in it; each pair of rounds (one with each
-implementation first) yields a ratio library/raw, and the reported ratio is the median of those
-ratios (times: the median over rounds). send_recv is one ping-pong between ranks 0 and 1 (rank 2
+Both columns run in the same processes, alternating op by op, so that drift in the machine's
+load hits both alike. A round runs a few such pairs; its time for an implementation is the
+slowest rank's median op time in it; each pair of rounds (one with each implementation first)
+yields a ratio library/raw, and the reported ratio is the median of those ratios (times: the
+median over rounds). send_recv is one ping-pong between ranks 0 and 1 (rank 2
 idles); all_reduce_async is `await world.all_reduce(..., async_op=True)` on an event loop, against
 the raw work's torch future bridged into the same loop.
 """
@@ -44,14 +44,12 @@ LARGE_FROM = 1 << 20
 LARGE_LIMIT = 1.02
 SMALL_SIZE = 4 << 10
 SMALL_LIMIT = 1.10
-# Each impl's share of a round lasts about this long (at least one op).
+# A round alternates library and raw op by op (so that drift in the machine's load hits both
+# alike), this many pairs of them: each implementation's share lasts about ROUND_S, and a
+# round's median needs a few ops.
 ROUND_S = 0.03
-MAX_OPS_PER_ROUND = 20
-# The first op after a switch of groups pays for waking that group's threads: with at least
-# this many ops per round, the round's median is a steady-state op. Ops longer than
-# SWITCH_NEGLIGIBLE_S run one per round.
-MIN_OPS_PER_ROUND = 3
-SWITCH_NEGLIGIBLE_S = 0.05
+MAX_PAIRS_PER_ROUND = 20
+MIN_PAIRS_PER_ROUND = 3
 WARMUP_OPS = 3
 
 Op = Callable[[], Awaitable[None]]
@@ -215,6 +213,20 @@ class Bench:
             out.append(perf_counter() - start)
         return out
 
+    async def _alternate(self, first: Op, second: Op, pairs: int) -> tuple[float, float]:
+        """Median times of `first` and `second`, run alternately `pairs` times each."""
+        from time import perf_counter
+
+        a, b = [], []
+        for _ in range(pairs):
+            start = perf_counter()
+            await first()
+            middle = perf_counter()
+            await second()
+            b.append(perf_counter() - middle)
+            a.append(middle - start)
+        return statistics.median(a), statistics.median(b)
+
     def _agree(self, ops_per_round: int, rounds: int) -> tuple[int, int]:
         """Rank 0's plan for this cell, for every rank (raw broadcast: outside the measurement)."""
         plan = self.torch.tensor([ops_per_round, rounds], dtype=self.torch.int64)
@@ -224,18 +236,18 @@ class Bench:
     async def cell(self, kind: str, size: int, budget: float, min_rounds: int) -> dict[str, Any]:
         lib_op, raw_op = self.ops(kind, size)
         await self._times(lib_op, WARMUP_OPS)
-        warm = statistics.median(await self._times(raw_op, WARMUP_OPS))
-        least = 1 if warm > SWITCH_NEGLIGIBLE_S else MIN_OPS_PER_ROUND
-        per_round = max(least, min(MAX_OPS_PER_ROUND, int(ROUND_S / max(warm, 1e-6))))
-        rounds = max(min_rounds, int(budget / (2 * per_round * max(warm, 1e-6))))
+        warm = max(statistics.median(await self._times(raw_op, WARMUP_OPS)), 1e-6)
+        per_round = max(MIN_PAIRS_PER_ROUND, min(MAX_PAIRS_PER_ROUND, int(ROUND_S / warm)))
+        rounds = max(min_rounds, int(budget / (2 * per_round * warm)))
         rounds += rounds % 2  # whole pairs of rounds
         per_round, rounds = self._agree(per_round, rounds)
         # Per round and implementation, this rank's median op time (columns: library, raw).
         medians = self.torch.zeros(rounds, 2, dtype=self.torch.float64)
         for i in range(rounds):
-            order = ((0, lib_op), (1, raw_op)) if i % 2 == 0 else ((1, raw_op), (0, lib_op))
-            for column, op in order:
-                medians[i, column] = statistics.median(await self._times(op, per_round))
+            if i % 2 == 0:
+                medians[i, 0], medians[i, 1] = await self._alternate(lib_op, raw_op, per_round)
+            else:
+                medians[i, 1], medians[i, 0] = await self._alternate(raw_op, lib_op, per_round)
         slowest = self._slowest(medians)
         lib, raw = slowest[:, 0].tolist(), slowest[:, 1].tolist()
         # A pair of rounds runs each implementation first once: the geometric mean of the two
