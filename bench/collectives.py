@@ -10,10 +10,9 @@ ProcessGroupGloo built by hand in the same processes; a library that built a slo
 would show there, beyond that noise.
 
 Both columns run in the same processes, alternating op by op, so that drift in the machine's
-load hits both alike. A round runs a few such pairs; its time for an implementation is the
-slowest rank's median op time in it; each pair of rounds (one with each implementation first)
-yields a ratio library/raw, and the reported ratio is the median of those ratios (times: the
-median over rounds). send_recv is one ping-pong between ranks 0 and 1 (rank 2
+load hits both alike, in rounds of a few pairs; every other round runs the raw op first. An op's
+time is the slowest rank's; each pair of adjacent ops yields a ratio library/raw, and the
+reported ratio is the median of those ratios (times: the medians over all ops). send_recv is one ping-pong between ranks 0 and 1 (rank 2
 idles); all_reduce_async is `await world.all_reduce(..., async_op=True)` on an event loop, against
 the raw work's torch future bridged into the same loop.
 """
@@ -21,7 +20,6 @@ the raw work's torch future bridged into the same loop.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,7 +56,7 @@ Op = Callable[[], Awaitable[None]]
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--budget", type=common.positive(float), default=None,
-                   help="seconds of measuring per op and size (default 2.0; 0.2 with --quick)")
+                   help="seconds of measuring per op and size (default 3.0; 0.2 with --quick)")
     p.add_argument("--min-rounds", type=common.positive(int), default=None,
                    help="rounds per op and size at the least (default 8; 3 with --quick)")
     p.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
@@ -69,7 +67,7 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--member", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ports", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.budget = args.budget or (0.2 if args.quick else 2.0)
+    args.budget = args.budget or (0.2 if args.quick else 3.0)
     args.min_rounds = args.min_rounds or (3 if args.quick else 8)
     args.sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     unknown = set(args.ops) - set(OPS)
@@ -213,19 +211,18 @@ class Bench:
             out.append(perf_counter() - start)
         return out
 
-    async def _alternate(self, first: Op, second: Op, pairs: int) -> tuple[float, float]:
-        """Median times of `first` and `second`, run alternately `pairs` times each."""
+    async def _alternate(self, first: Op, second: Op, times: Any, first_column: int) -> None:
+        """Run `first` and `second` alternately, one pair per row of `times` (columns: library,
+        raw; `first` goes into `first_column`)."""
         from time import perf_counter
 
-        a, b = [], []
-        for _ in range(pairs):
+        for row in times:
             start = perf_counter()
             await first()
             middle = perf_counter()
             await second()
-            b.append(perf_counter() - middle)
-            a.append(middle - start)
-        return statistics.median(a), statistics.median(b)
+            end = perf_counter()
+            row[first_column], row[1 - first_column] = middle - start, end - middle
 
     def _agree(self, ops_per_round: int, rounds: int) -> tuple[int, int]:
         """Rank 0's plan for this cell, for every rank (raw broadcast: outside the measurement)."""
@@ -241,34 +238,33 @@ class Bench:
         rounds = max(min_rounds, int(budget / (2 * per_round * warm)))
         rounds += rounds % 2  # whole pairs of rounds
         per_round, rounds = self._agree(per_round, rounds)
-        # Per round and implementation, this rank's median op time (columns: library, raw).
-        medians = self.torch.zeros(rounds, 2, dtype=self.torch.float64)
+        # Per round, pair and implementation, this rank's op time (columns: library, raw). Every
+        # other round runs the raw op first, so that going first or second cancels out.
+        times = self.torch.zeros(rounds, per_round, 2, dtype=self.torch.float64)
         for i in range(rounds):
             if i % 2 == 0:
-                medians[i, 0], medians[i, 1] = await self._alternate(lib_op, raw_op, per_round)
+                await self._alternate(lib_op, raw_op, times[i], 0)
             else:
-                medians[i, 1], medians[i, 0] = await self._alternate(raw_op, lib_op, per_round)
-        slowest = self._slowest(medians)
-        lib, raw = slowest[:, 0].tolist(), slowest[:, 1].tolist()
-        # A pair of rounds runs each implementation first once: the geometric mean of the two
-        # rounds' ratios cancels whatever going first or second does.
-        ratios = [math.sqrt(lib[i] * lib[i + 1] / (raw[i] * raw[i + 1])) for i in range(0, len(lib) - 1, 2)
-                  if raw[i] > 0 and raw[i + 1] > 0]
+                await self._alternate(raw_op, lib_op, times[i], 1)
+        slowest = self._slowest(times).reshape(-1, 2)
+        lib, raw = slowest[:, 0], slowest[:, 1]
+        # Each pair of adjacent ops gives a ratio; its median is the cell's ratio.
+        ratios = (lib / raw)[raw > 0]
         return {
             "op": kind,
             "bytes": size,
-            "lib_s": statistics.median(lib),
-            "raw_s": statistics.median(raw),
-            "ratio": statistics.median(ratios) if ratios else float("nan"),
+            "lib_s": lib.median().item(),
+            "raw_s": raw.median().item(),
+            "ratio": ratios.median().item() if len(ratios) else float("nan"),
             "rounds": rounds,
             "per_round": per_round,
         }
 
-    def _slowest(self, medians: Any) -> Any:
-        """Per round, the slowest rank's medians (a root or an idle rank finishes early). The
-        gather also keeps every rank in the same cell."""
-        every = [self.torch.empty_like(medians) for _ in range(RANKS)]
-        self.own.allgather([every], [medians]).wait()
+    def _slowest(self, times: Any) -> Any:
+        """Per op, the slowest rank's time (a root or an idle rank finishes early). The gather
+        also keeps every rank in the same cell."""
+        every = [self.torch.empty_like(times) for _ in range(RANKS)]
+        self.own.allgather([every], [times]).wait()
         return self.torch.stack(every).amax(dim=0)
 
     async def run(self, ops: Sequence[str], sizes: Sequence[int], budget: float, min_rounds: int) -> list[dict[str, Any]]:

@@ -158,6 +158,10 @@ class Collectives:
         return options
 
     def _reduce_opts(self, kind: str, factory: Callable[[], Any], op: AnyReduceOp, root: int | None = None) -> Any:
+        if type(op) is ReduceOp:  # the usual case, first: no isinstance on torch's types
+            options = self._options.get((kind, op, root))
+            if options is not None:
+                return options
         # A ReduceOp instance (not its enum) may carry a factor (PREMUL_SUM): never shared.
         shared = not isinstance(op, TorchReduceOp) or isinstance(op, TorchReduceOp.RedOpType)
         if shared:

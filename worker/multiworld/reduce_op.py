@@ -15,5 +15,9 @@ class ReduceOp(str, Enum):
     BOR = "BOR"
     BXOR = "BXOR"
 
+    # The value Enum's own __hash__ gives (names equal values), computed in C: every reducing
+    # op looks its options up by it.
+    __hash__ = str.__hash__
+
     def __str__(self) -> str:
         return f"ReduceOp.{self.value}"
