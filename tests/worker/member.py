@@ -393,10 +393,10 @@ def blocked_recv(args: dict[str, Any]) -> None:
     manager.close()
 
 
-# ---- a blocking collective that never completes, freed by a break ----------------------------
+# ---- a blocking op that never completes, freed by a break ------------------------------------
 
 
-def blocked_collective(args: dict[str, Any]) -> None:
+def blocked_op(args: dict[str, Any]) -> None:
     """Ranks other than the last block on a thread of their own, in an all_reduce that the last
     rank never joins (alive and silent), or (op `recv`) ranks 0 and 1 each in a recv from the
     other. `leave` on stdin makes this process leave the world from its main thread while the
@@ -437,7 +437,7 @@ SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "bad_args": bad_args,
     "frozen_exit": frozen_exit,
     "blocked_recv": blocked_recv,
-    "blocked_collective": blocked_collective,
+    "blocked_op": blocked_op,
 }
 
 def use_backend(backend: str) -> None:

@@ -234,7 +234,6 @@ def test_a_blocking_recv_waits_as_long_as_its_peer_lives_and_ends_when_it_freeze
     sender.kill()
 
 
-
 @pytest.mark.parametrize(("op", "action"), [("all_reduce", "freeze"), ("all_reduce", "leave"), ("recv", "leave")])
 def test_a_blocked_op_is_freed_by_a_frozen_peer_and_by_a_deliberate_leave(spawn, op: str, action: str) -> None:
     """Ranks 0 and 1 of three are blocked: in an all_reduce that rank 2 never joins, or each in
@@ -245,7 +244,7 @@ def test_a_blocked_op_is_freed_by_a_frozen_peer_and_by_a_deliberate_leave(spawn,
     (port,) = free_ports(1)
     args = {"detect": TEST_DETECT, "op": op}
     members = [
-        spawn("blocked_collective", {**args, "pod": f"m{rank}", "world": assignment("w", rank, 3, port)})
+        spawn("blocked_op", {**args, "pod": f"m{rank}", "world": assignment("w", rank, 3, port)})
         for rank in range(3)
     ]
     blocked, idle = members[:2], members[2]

@@ -1,7 +1,8 @@
 """Communicators built directly per world (no default process group), one driver per backend.
 
 A driver builds the world's ProcessGroup on the world's own store, says how an awaited op
-completes, frees callers blocked in a broken world's ops, and aborts communicators. gloo and NCCL share everything else (world.py, ops.py).
+completes, frees callers blocked in a broken world's ops, and aborts communicators. gloo and
+NCCL share everything else (world.py, ops.py).
 """
 
 from __future__ import annotations

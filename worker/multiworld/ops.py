@@ -1,10 +1,12 @@
 """The per-world ops, with torch.distributed's argument names.
 
-Every op checks its arguments first (a clear error naming the argument), then runs on the
-world's own communicator (the backend under its ProcessGroup, called directly: the
-ProcessGroup's dispatch costs as much as the rest of an op's Python side). `async_op=False` blocks and returns None; `async_op=True` returns
-a `Work` to `await`, `wait()` or poll. Options objects are cached per world: building one
-costs about as much as the rest of the Python side of an op.
+Every op checks its arguments (a clear error naming the argument) and runs on the world's own
+communicator (the backend under its ProcessGroup, called directly: the ProcessGroup's dispatch
+costs as much as the rest of an op's Python side). Ranks and collectives' tensors are checked
+before anything is posted; send/recv tensors only after the backend refused them (see
+_SELF_CHECKED). `async_op=False` blocks and returns None; `async_op=True` returns a `Work` to
+`await`, `wait()` or poll. Options objects are cached per world: building one costs about as
+much as the rest of the Python side of an op.
 """
 
 from __future__ import annotations
@@ -283,7 +285,7 @@ class Collectives:
         _check_tensor("tensor", tensor, self._device)
         if type(src) is not int or src not in self._ranks:
             self._check_rank("src", src)
-        options = self._options.get(("broadcast", src)) or self._rooted_opts("broadcast", BroadcastOptions, src)
+        options = self._rooted_opts("broadcast", BroadcastOptions, src)
         return self._run("broadcast", ([tensor], options), async_op)
 
     def all_reduce(self, tensor: torch.Tensor, op: AnyReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work | None:
