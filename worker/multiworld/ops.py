@@ -6,14 +6,14 @@ costs as much as the rest of an op's Python side). Ranks and collectives' tensor
 before anything is posted; send/recv tensors only after the backend refused them (see
 _SELF_CHECKED). `async_op=False` blocks and returns None; `async_op=True` returns a `Work` to
 `await`, `wait()` or poll. Options objects are cached per world: building one costs about as
-much as the rest of the Python side of an op.
+much as the rest of the Python side of an op. So are the communicator's methods (see `bind`).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from torch._C._distributed_c10d import (
@@ -76,6 +76,24 @@ _METHODS = {
     "all_to_all": "alltoall",
     "barrier": "barrier",
 }
+
+
+def bind(comm: Backend) -> dict[str, Callable[..., Any]]:
+    """The communicator's method for each op, bound once. Looking it up by name on every op
+    (getattr, then a call with unpacked arguments) cost a 1 MiB ping-pong about 1.5 %."""
+    return {op: getattr(comm, method) for op, method in _METHODS.items()}
+
+
+def refusing(error: WorldBrokenError) -> dict[str, Callable[..., Any]]:
+    """What a broken world posts ops with: every op raises `error` (the ops need no check of
+    their own, and the communicator is no longer referenced from here)."""
+
+    def refuse(*args: Any) -> NoReturn:
+        raise error.fresh()
+
+    return dict.fromkeys(_METHODS, refuse)
+
+
 # Ops whose backends refuse a non-tensor or a non-contiguous tensor before anything is posted
 # (gloo and NCCL send/recv), so that the tensor is checked only after a refusal, to name it.
 # Collectives are checked first: gloo reads a strided view as if it were contiguous.
@@ -103,7 +121,7 @@ class Collectives:
     rank: int
     size: int
     _lock: threading.Lock
-    _comm: Backend | None
+    _post: dict[str, Callable[..., Any]]
     _error: WorldBrokenError | None
     _pending: set[Work]
     _driver: Driver
@@ -211,43 +229,29 @@ class Collectives:
         return exc
 
     def _run(self, op: str, args: tuple[Any, ...], async_op: bool) -> Work | None:
-        """Start `op` with `args` on the communicator (a Backend method, see _METHODS)."""
-        if async_op:
-            return self._run_async(op, args)
-        # The blocking path takes no lock and runs as little Python as it can: at 4 KiB on a
-        # loaded machine each line here showed in the latency (bench/collectives.py). The caller
-        # waits itself, with no thread handoff; a verdict on the world frees it through the
-        # driver's interrupt (see World._break).
-        comm = self._comm
-        if self._error is not None or comm is None:
-            raise self._error.fresh()  # type: ignore[union-attr]  # comm is dropped only after a break
+        """Start `op` with `args` on the communicator (see _METHODS).
+
+        This runs as little Python as it can, and takes no lock: on two busy cores every line
+        here showed in bench/collectives.py. A broken world's _post raises its error. A blocking
+        caller waits itself, with no thread handoff; a verdict on the world frees it through the
+        driver's interrupt (see World._break)."""
         try:
-            torch_work = getattr(comm, _METHODS[op])(*args)
+            torch_work = self._post[op](*args)
         except (RuntimeError, TypeError) as exc:
             raise self._not_started(op, exc, args) from exc
-        try:
-            torch_work.wait()
-        except RuntimeError as exc:
-            raise self._op_failed(op, exc).fresh() from exc
-        return None
-
-    def _run_async(self, op: str, args: tuple[Any, ...]) -> Work:
-        failure: Exception | None = None
-        with self._lock:  # World._break swaps _pending under it
-            if self._error is not None:
-                raise self._error.fresh()
-            assert self._comm is not None
+        if not async_op:
             try:
-                torch_work = getattr(self._comm, _METHODS[op])(*args)
-            except (RuntimeError, TypeError) as exc:
-                failure = exc
-            else:
-                work = Work(self, op, torch_work)  # type: ignore[arg-type]
-                self._pending.add(work)
-        if failure is not None:
-            # Outside the lock: breaking the world takes it.
-            raise self._not_started(op, failure, args) from failure
-        if op in self._driver.waited_ops:
+                torch_work.wait()
+            except RuntimeError as exc:
+                raise self._op_failed(op, exc).fresh() from exc
+            return None
+        work = Work(self, op, torch_work)  # type: ignore[arg-type]
+        # World._break sets _error before it takes the pending works: a work it missed sees
+        # the error here and fails itself.
+        self._pending.add(work)
+        if self._error is not None:
+            work._settle(self._error)
+        elif op in self._driver.waited_ops:
             assert self._waiters is not None
             self._waiters.submit(work)
         else:

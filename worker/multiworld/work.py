@@ -21,9 +21,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
+def _resolve(fut: asyncio.Future[None], error: WorldBrokenError | None) -> None:
+    if fut.done():  # cancelled, or resolved by the awaiter itself (see Work.__await__)
+        return
+    if error is None:
         fut.set_result(None)
+    else:
+        fut.set_exception(error.fresh())
 
 
 class Work:
@@ -44,7 +48,7 @@ class Work:
         # Event for each cost an awaited 1 MiB all_reduce about 25 us on two busy cores.
         self._event: threading.Event | None = None
         self._error: WorldBrokenError | None = None
-        self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] | None = None
+        self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def __repr__(self) -> str:
         state = "failed" if self._error else "done" if self._done else "pending"
@@ -72,22 +76,17 @@ class Work:
         return True
 
     def __await__(self) -> Generator[Any, None, None]:
+        # The awaiter waits on an asyncio future directly (no generator of our own in between)
+        # and registers it without a lock: _settle marks the work done before it reads the
+        # listeners, so a settle this registration raced with is seen by the second check.
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
         if not self._done:
-            loop = asyncio.get_running_loop()
-            fut: asyncio.Future[None] = loop.create_future()
-            if self._listen(loop, fut):
-                yield from fut
-        if self._error is not None:
-            raise self._error.fresh()
-
-    def _listen(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> bool:
-        with self._world._lock:
-            if self._done:
-                return False
-            if self._listeners is None:
-                self._listeners = []
             self._listeners.append((loop, fut))
-            return True
+            if not self._done:
+                return fut.__await__()
+        _resolve(fut, self._error)
+        return fut.__await__()
 
     def _settle(self, error: WorldBrokenError | None) -> None:
         """Complete (error None) or fail; from any thread, the first call wins."""
@@ -97,14 +96,13 @@ class Work:
                 return
             self._error = error
             self._done = True
-            world._pending.discard(self)
-            listeners, self._listeners = self._listeners, None
             event = self._event
+        world._pending.discard(self)
         if event is not None:
             event.set()
-        for loop, fut in listeners or ():
+        for loop, fut in self._listeners:
             try:
-                loop.call_soon_threadsafe(_wake, fut)
+                loop.call_soon_threadsafe(_resolve, fut, error)
             except RuntimeError:  # that event loop is closed; nobody awaits any more
                 pass
 

@@ -17,7 +17,7 @@ from multiworld.backends import Driver, make_driver
 from multiworld.contract import WorldAssignment
 from multiworld.detect import DetectConfig, Heartbeat, Verdict, short
 from multiworld.errors import WorldBrokenError
-from multiworld.ops import Collectives
+from multiworld.ops import Collectives, bind, refusing
 from multiworld.rendezvous import Rendezvous
 from multiworld.work import Waiters, Work
 
@@ -49,6 +49,7 @@ class World(Collectives):
         self.backend = assignment.backend
         self._pg: ProcessGroup | None = pg
         self._comm: Backend | None = pg._get_backend(driver.device or torch.device("cpu"))
+        self._post = bind(self._comm)
         self._driver = driver
         self._device = driver.device
         self._ranks = frozenset(range(self.size))
@@ -132,10 +133,13 @@ class World(Collectives):
             if self._error is not None:
                 return self._error
             error = self._error = WorldBrokenError(self.name, self.epoch, reason, peer_rank)
+            self._post = refusing(error)
             pending, self._pending = self._pending, set()
             comm = self._comm
         (log.warning if report else log.info)("%s", error)
-        for work in pending:
+        # A copy: an op that read _pending before the swap may still add to it (it then sees
+        # _error and fails its work itself).
+        for work in list(pending):
             work._settle(error)
         if publish:
             self._published = True
