@@ -37,7 +37,7 @@ CELLS = (*OPS, COMMUNICATOR, CONTROL)
 SIZES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 QUICK_SIZES = (4 << 10, 1 << 20)
 RANKS = 3
-# Targets on the median per-round ratio library/raw.
+# Targets on the cell's ratio library/raw (the median over pairs of adjacent ops).
 LARGE_FROM = 1 << 20
 LARGE_LIMIT = 1.02
 SMALL_SIZE = 4 << 10
@@ -49,6 +49,8 @@ ROUND_S = 0.03
 MAX_PAIRS_PER_ROUND = 20
 MIN_PAIRS_PER_ROUND = 3
 WARMUP_OPS = 3
+# Resamples for the standard error of a cell's ratio.
+BOOTSTRAP = 200
 
 Op = Callable[[], Awaitable[None]]
 
@@ -246,19 +248,30 @@ class Bench:
                 await self._alternate(lib_op, raw_op, times[i], 0)
             else:
                 await self._alternate(raw_op, lib_op, times[i], 1)
-        slowest = self._slowest(times).reshape(-1, 2)
-        lib, raw = slowest[:, 0], slowest[:, 1]
+        slowest = self._slowest(times)
+        lib, raw = slowest[..., 0], slowest[..., 1]
         # Each pair of adjacent ops gives a ratio; its median is the cell's ratio.
-        ratios = (lib / raw)[raw > 0]
+        ratios = lib / raw
         return {
             "op": kind,
             "bytes": size,
             "lib_s": lib.median().item(),
             "raw_s": raw.median().item(),
-            "ratio": ratios.median().item() if len(ratios) else float("nan"),
+            "ratio": ratios.median().item(),
+            "se": self._standard_error(ratios),
             "rounds": rounds,
             "per_round": per_round,
         }
+
+    def _standard_error(self, ratios: Any) -> float:
+        """The bootstrap standard error of the median ratio, resampling whole rounds (ops of
+        one round share the machine's state): how far from the truth a cell's ratio may be."""
+        torch = self.torch
+        generator = torch.Generator().manual_seed(0)
+        rounds = ratios.shape[0]
+        picks = torch.randint(0, rounds, (BOOTSTRAP, rounds), generator=generator)
+        medians = ratios[picks].reshape(BOOTSTRAP, -1).median(dim=1).values
+        return medians.std().item()
 
     def _slowest(self, times: Any) -> Any:
         """Per op, the slowest rank's time (a root or an idle rank finishes early). The gather
@@ -307,15 +320,16 @@ def targets(cells: list[dict[str, Any]]) -> list[common.Target]:
 def render(cells: list[dict[str, Any]]) -> str:
     rows = [
         [c["op"], common.fmt_bytes(c["bytes"]), common.fmt_s(c["lib_s"]), common.fmt_s(c["raw_s"]),
-         f"{c['ratio']:.3f}", f"{c['rounds']}x{c['per_round']}"]
+         f"{c['ratio']:.3f}", f"{c['se']:.3f}", f"{c['rounds']}x{c['per_round']}"]
         for c in sorted(cells, key=lambda c: (CELLS.index(c["op"]), c["bytes"]))
     ]
     note = (f"{COMMUNICATOR}: a raw all_reduce on a ProcessGroupGloo built by hand (library column) against one "
             "on the World's\n  (raw column): no target; beyond the noise of where the scheduler put the threads, it "
             "would show a slower communicator\n"
             f"{CONTROL}: the raw all_reduce in both columns: the noise floor of this run (a ratio further from 1 "
-            "than it is not resolved)")
-    return common.table(["op", "size", "library (median)", "raw gloo (median)", "ratio lib/raw", "rounds"], rows) + (
+            "than it is not resolved)\n"
+            "se: the bootstrap standard error of the ratio (resampling rounds)")
+    return common.table(["op", "size", "library (median)", "raw gloo (median)", "ratio lib/raw", "se", "rounds"], rows) + (
         "\n" + note)
 
 
@@ -336,10 +350,12 @@ def coordinate(args: Any) -> int:
                   [render(cells)], found)
     if args.json:
         ratios: dict[str, dict[str, float]] = {}
+        errors: dict[str, dict[str, float]] = {}
         for c in cells:
             if c["op"] in OPS:
                 ratios.setdefault(c["op"], {})[str(c["bytes"])] = c["ratio"]
-        common.json_line({"collectives": {"ratios": ratios}})
+                errors.setdefault(c["op"], {})[str(c["bytes"])] = c["se"]
+        common.json_line({"collectives": {"ratios": ratios, "standard_errors": errors}})
     return 0
 
 

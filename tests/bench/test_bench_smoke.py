@@ -48,8 +48,12 @@ def spread(value: Any) -> bool:
 def test_collectives_reports_a_ratio_per_op_and_size() -> None:
     figures = run_bench("collectives.py")
     assert set(figures) == {"collectives"}
-    assert set(figures["collectives"]) == {"ratios"}
+    assert set(figures["collectives"]) == {"ratios", "standard_errors"}
     ratios = figures["collectives"]["ratios"]
+    errors = figures["collectives"]["standard_errors"]
+    # A standard error per ratio: how far a cell's ratio may be from the truth.
+    assert {op: set(by_size) for op, by_size in errors.items()} == {op: set(by_size) for op, by_size in ratios.items()}
+    assert all(0 <= e < 1 for by_size in errors.values() for e in by_size.values()), errors
     assert set(ratios) == {"all_reduce", "all_reduce_async", "all_gather", "broadcast", "send_recv"}
     for op, by_size in ratios.items():
         assert by_size, op
