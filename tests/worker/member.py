@@ -96,6 +96,13 @@ class Suite:
         await self.run(w.all_gather, every, torch.tensor([float(r)]))
         out["all_gather"] = values(every)
 
+        if w.backend == "gloo":
+            # Strided views (a column of a matrix) on both sides: gloo checks all_gather's
+            # arguments itself (Driver.self_checked) and must still give the right result.
+            columns = [torch.zeros(2, 2)[:, 1] for _ in range(n)]
+            await self.run(w.all_gather, columns, torch.tensor([[float(r), 7.0], [8.0, float(r)]])[:, 0])
+            out["all_gather_strided"] = values(columns)
+
         t = torch.empty(1)
         pieces = [torch.tensor([float(i + 1)]) for i in range(n)] if r == 0 else None
         await self.run(w.scatter, t, scatter_list=pieces, src=0)
@@ -300,6 +307,8 @@ def bad_args(args: dict[str, Any]) -> None:
         "all_gather_short_list": lambda: world.all_gather([torch.empty(1)], one),
         "all_gather_shape": lambda: world.all_gather([torch.empty(2) for _ in range(n)], one),
         "all_gather_dtype": lambda: world.all_gather([torch.empty(1, dtype=torch.int64) for _ in range(n)], one),
+        "all_gather_list_item": lambda: world.all_gather([one, "one"], one),
+        "all_gather_not_a_tensor": lambda: world.all_gather([one] * n, 1.0),
         "gather_list_missing_on_dst": lambda: world.gather(one, None, dst=r),
         "gather_list_on_other_rank": lambda: world.gather(one, [one] * n, dst=(r + 1) % n),
         "scatter_shape": lambda: world.scatter(one, [torch.empty(3) for _ in range(n)], src=r),

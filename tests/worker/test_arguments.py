@@ -21,6 +21,8 @@ REFUSALS = {
     "all_gather_short_list": ("ValueError", "tensor_list must hold 2 tensors"),
     "all_gather_shape": ("ValueError", "tensor_list[0] has shape (2,)"),
     "all_gather_dtype": ("ValueError", "dtype torch.int64, but tensor has shape (1,) and dtype torch.float32"),
+    "all_gather_list_item": ("TypeError", "tensor_list[1] must be a torch.Tensor, got str"),
+    "all_gather_not_a_tensor": ("TypeError", "tensor must be a torch.Tensor, got float"),
     "gather_list_missing_on_dst": ("ValueError", "gather_list is required"),
     "gather_list_on_other_rank": ("ValueError", "gather_list must be None or empty"),
     "scatter_shape": ("ValueError", "scatter_list[0] has shape (3,)"),

@@ -111,3 +111,11 @@ def test_local_channel_reconnects_and_says_hello_again() -> None:
     channel.close()
     again.close()
     server.close()
+
+
+def test_every_op_a_backend_checks_itself_has_a_check_that_names_what_it_refused() -> None:
+    from multiworld.backends import GlooDriver, NcclDriver
+    from multiworld.ops import ARGUMENT_CHECKS
+
+    for driver in (GlooDriver, NcclDriver):
+        assert driver.self_checked <= ARGUMENT_CHECKS.keys(), driver.name

@@ -46,6 +46,9 @@ class Driver(Protocol):
     name: str
     # Ops whose async works have no future: a waiter thread waits for them.
     waited_ops: frozenset[str]
+    # Ops whose arguments the backend checks before it posts anything, so that the library
+    # checks them only after a refusal, to name the bad one (see ops.Collectives._not_started).
+    self_checked: frozenset[str]
     # Where tensors must live (None: anywhere the backend accepts).
     device: torch.device | None
 
@@ -84,6 +87,9 @@ class GlooDriver:
     name = "gloo"
     # send/recv: no future; reduce_scatter: no future, and its wait ignores the timeout.
     waited_ops = frozenset({"send", "recv", "reduce_scatter"})
+    # gloo's all_gather refuses a wrong list, shape or dtype, and copies strided tensors
+    # correctly (torch 2.13): checking first cost a 1 MiB all_gather about 2 %.
+    self_checked = frozenset({"send", "recv", "all_gather"})
     device = None
 
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup:
@@ -170,6 +176,7 @@ def make_nccl_env_safe() -> None:
 class NcclDriver:
     name = "nccl"
     waited_ops: frozenset[str] = frozenset()
+    self_checked = frozenset({"send", "recv"})
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

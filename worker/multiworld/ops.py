@@ -2,9 +2,10 @@
 
 Every op checks its arguments (a clear error naming the argument) and runs on the world's own
 communicator (the backend under its ProcessGroup, called directly: the ProcessGroup's dispatch
-costs as much as the rest of an op's Python side). Ranks and collectives' tensors are checked
-before anything is posted; send/recv tensors only after the backend refused them (see
-_SELF_CHECKED). `async_op=False` blocks and returns None; `async_op=True` returns a `Work` to
+costs as much as the rest of an op's Python side). Ranks are always checked before anything is
+posted, and so are tensors, except for the ops whose backend checks them itself
+(`Driver.self_checked`): those are checked only after the backend refused them, to name the bad
+argument. `async_op=False` blocks and returns None; `async_op=True` returns a `Work` to
 `await`, `wait()` or poll. Options objects are cached per world: building one costs about as
 much as the rest of the Python side of an op. So are the communicator's methods (see `bind`).
 """
@@ -94,12 +95,6 @@ def refusing(error: WorldBrokenError) -> dict[str, Callable[..., Any]]:
     return dict.fromkeys(_METHODS, refuse)
 
 
-# Ops whose backends refuse a non-tensor or a non-contiguous tensor before anything is posted
-# (gloo and NCCL send/recv), so that the tensor is checked only after a refusal, to name it.
-# Collectives are checked first: gloo reads a strided view as if it were contiguous.
-_SELF_CHECKED = frozenset({"send", "recv"})
-
-
 def _check_tensor(name: str, tensor: Any, device: torch.device | None) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -112,6 +107,26 @@ def _check_tensor(name: str, tensor: Any, device: torch.device | None) -> None:
 
 def _describe(tensor: torch.Tensor) -> str:
     return f"shape {tuple(tensor.shape)} and dtype {tensor.dtype}"
+
+
+def _check_p2p(world: Collectives, args: tuple[Any, ...]) -> None:
+    _check_tensor("tensor", args[0][0], world._device)
+
+
+def _check_all_gather(world: Collectives, args: tuple[Any, ...]) -> None:
+    (tensor_list,), (tensor,), _ = args
+    _check_tensor("tensor", tensor, world._device)
+    world._check_list("tensor_list", tensor_list, tensor, "tensor")
+
+
+# The argument checks of the ops a backend may check itself (see Driver.self_checked), by op:
+# they run before posting where the backend does not, and after its refusal where it does.
+# The other collectives are always checked first: gloo reads a strided view as if contiguous.
+ARGUMENT_CHECKS: dict[str, Callable[[Collectives, tuple[Any, ...]], None]] = {
+    "send": _check_p2p,
+    "recv": _check_p2p,
+    "all_gather": _check_all_gather,
+}
 
 
 class Collectives:
@@ -217,8 +232,8 @@ class Collectives:
         """What to raise when the communicator refused to start an op."""
         if self._error is not None:
             return self._error.fresh()  # released under the caller's feet
-        if op in _SELF_CHECKED:
-            _check_tensor("tensor", args[0][0], self._device)  # names what the backend refused
+        if op in self._driver.self_checked:
+            ARGUMENT_CHECKS[op](self, args)  # names what the backend refused
         if not isinstance(exc, RuntimeError):
             return exc
         if _lost_peer(exc):
@@ -307,10 +322,10 @@ class Collectives:
         return self._run("reduce", ([tensor], options), async_op)
 
     def all_gather(self, tensor_list: Sequence[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
-        _check_tensor("tensor", tensor, self._device)
-        outputs = self._check_list("tensor_list", tensor_list, tensor, "tensor")
-        options = self._cached(("all_gather",), AllgatherOptions)
-        return self._run("all_gather", ([outputs], [tensor], options), async_op)
+        args = ([tensor_list], [tensor], self._cached(("all_gather",), AllgatherOptions))
+        if "all_gather" not in self._driver.self_checked:
+            _check_all_gather(self, args)
+        return self._run("all_gather", args, async_op)
 
     def gather(
         self,
