@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
+from torch import Tensor
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceOptions,
@@ -29,7 +30,6 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
 )
 from torch._C._distributed_c10d import ReduceOp as TorchReduceOp
-from torch import Tensor
 from torch.distributed import DistError
 
 from multiworld.detect import short
@@ -99,7 +99,7 @@ def refusing(error: WorldBrokenError) -> dict[str, Callable[..., Any]]:
 def _check_tensor(name: str, tensor: Any, device: torch.device | None) -> None:
     """Raise a clear error for a bad tensor. The collectives test the usual case inline first
     (`type(tensor) is not Tensor or self._device is not None or not tensor.is_contiguous()`) and
-    call this only when that holds: a call here cost a 1 MiB broadcast about 0.5 %."""
+    call this only when that holds: a frame and a type lookup less on every op."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_contiguous():
