@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Ensure the test control plane binaries exist in the cache and print the cache folder on stdout.
+# Ensure the test cluster binaries (control plane, node, kubectl) exist in the cache and print the cache folder on stdout.
 #
 # The folder follows the envtest layout (kube-apiserver, kube-controller-manager, etcd), so it can
-# be used as KUBEBUILDER_ASSETS. etcd comes from Debian's etcd-server package; kube-apiserver and
-# kube-controller-manager are built once from Debian bookworm's kubernetes source package (no
-# registry reachable here ships them) and reused until the Debian source version changes.
+# be used as KUBEBUILDER_ASSETS. etcd comes from Debian's etcd-server package; the kubernetes
+# binaries are built once from Debian bookworm's kubernetes source package (no registry reachable
+# here ships them) and reused until the Debian source version changes. The node's runtime,
+# network plugins and DNS server are Debian packages, installed when missing.
 # Progress goes to stderr; a failing step prints its log tail. Needs root (or sudo) for apt-get.
 set -euo pipefail
 
@@ -12,7 +13,11 @@ KUBE_DEBIAN_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 KUBE_GIT_VERSION="v1.20.2"
 CACHE_ROOT="${MULTIWORLD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/multiworld}"
 DEST="$CACHE_ROOT/kube-$KUBE_DEBIAN_VERSION"
-BUILD_DEPS=(golang-1.19-go rsync jq make dpkg-dev openssl
+# Built together in one make (one compile cache): the control plane, the node and kubectl.
+KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+# What the cache holds: those, and the pod sandbox's `pause` from the same source.
+KUBE_BINARIES=("${KUBE_COMMANDS[@]}" pause)
+BUILD_DEPS=(golang-1.19-go rsync jq make dpkg-dev openssl gcc libc6-dev
   golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev)
 
 SUDO=()
@@ -45,6 +50,16 @@ apt_install() {
   if ! "${SUDO[@]}" "${env[@]}" apt-get install -y -q --no-install-recommends "$@" >/dev/null 2>&1; then
     quietly "${SUDO[@]}" "${env[@]}" apt-get update -q
     quietly "${SUDO[@]}" "${env[@]}" apt-get install -y -q --no-install-recommends "$@"
+  fi
+}
+
+# The node (node.py): container runtime, pod network plugins, iptables tools, DNS server.
+NODE_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack dnsmasq-base)
+ensure_node_packages() {
+  if ! command -v containerd >/dev/null 2>&1 || ! command -v dnsmasq >/dev/null 2>&1 \
+      || ! command -v conntrack >/dev/null 2>&1 || [ ! -x /usr/lib/cni/bridge ]; then
+    progress "installing the node's packages from Debian: ${NODE_PACKAGES[*]}"
+    apt_install "${NODE_PACKAGES[@]}"
   fi
 }
 
@@ -97,13 +112,15 @@ EOF
   # The tree's own make (GOPATH mode, generated openapi code); a plain `go build` fails.
   (cd "$WORK/src" && quietly env PATH="/usr/lib/go-1.19/bin:$PATH" CGO_ENABLED=0 GOPROXY=off \
     GOFLAGS= GOCACHE="$WORK/gocache" KUBE_GIT_VERSION_FILE="$WORK/version.env" \
-    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" GOLDFLAGS="-s -w")
+    make WHAT="${KUBE_COMMANDS[*]/#/cmd/}" GOLDFLAGS="-s -w")
+  # The pod sandbox's process, packed into an image by node.py (static: the image holds nothing else).
+  quietly gcc -Os -static -DVERSION=v1.20.2 -o "$WORK/src/_output/bin/pause" "$WORK/src/build/pause/linux/pause.c"
 }
 
 install_binaries() {
   local out="$WORK/src/_output/bin" name
   mkdir -p "$DEST"
-  for name in kube-apiserver kube-controller-manager; do
+  for name in "${KUBE_BINARIES[@]}"; do
     # Copy then rename, so an interrupted run never leaves a truncated binary in the cache.
     cp "$out/$name" "$DEST/.$name.partial"
     mv -f "$DEST/.$name.partial" "$DEST/$name"
@@ -111,15 +128,17 @@ install_binaries() {
 }
 
 ensure_kube_binaries() {
-  if [ -x "$DEST/kube-apiserver" ] && [ -x "$DEST/kube-controller-manager" ]; then return; fi
+  local name missing=0
+  for name in "${KUBE_BINARIES[@]}"; do [ -x "$DEST/$name" ] || missing=1; done
+  if [ "$missing" -eq 0 ]; then return; fi
   work_dir
-  progress "building kube-apiserver and kube-controller-manager $KUBE_GIT_VERSION (Debian $KUBE_DEBIAN_VERSION) into $DEST"
+  progress "building ${KUBE_BINARIES[*]} $KUBE_GIT_VERSION (Debian $KUBE_DEBIAN_VERSION) into $DEST"
   progress "installing build dependencies from Debian"
   apt_install "${BUILD_DEPS[@]}"
   progress "downloading and unpacking the kubernetes source package"
   fetch_source
   replace_vendored_json_libraries
-  progress "compiling (5 to 10 minutes on 2 cores; about 12 CPU-minutes)"
+  progress "compiling (9 to 15 minutes on 2 cores; about 16 CPU-minutes)"
   local started=$SECONDS
   compile
   install_binaries
@@ -134,5 +153,6 @@ if ! flock -n 9; then
   flock 9
 fi
 ensure_etcd
+ensure_node_packages
 ensure_kube_binaries
 echo "$DEST"

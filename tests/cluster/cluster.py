@@ -1,9 +1,13 @@
-"""A real, local Kubernetes control plane: etcd, kube-apiserver and kube-controller-manager.
+"""A real, local Kubernetes cluster: etcd, kube-apiserver, kube-controller-manager and, with
+`--nodes 1`, one real node (node.py: containerd, kubelet, kube-scheduler, kube-proxy, pod
+network, cluster DNS).
 
-Everything listens on loopback ports picked free at start, so several clusters can run side by
-side. There is no scheduler and no kubelet: Pods stay Pending unless someone writes their status.
+The control plane listens on ports picked free at start, so several control planes can run side
+by side; without a node it serves on loopback and Pods stay Pending unless someone writes their
+status. With a node it serves on the host's address, which pods reach; one node runs per machine.
 
     python tests/cluster/cluster.py up     # start in .cluster/, write .cluster/kubeconfig
+    python tests/cluster/cluster.py up --nodes 0   # the control plane alone
     python tests/cluster/cluster.py env    # print `export KUBECONFIG=...`
     python tests/cluster/cluster.py down   # stop (apiserver before etcd)
     python tests/cluster/cluster.py binaries  # resolve or build the binaries, print their paths
@@ -35,6 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from node import DAEMONS, NAME as NODE_NAME, Node, NodeBinaries, NodeError, node_ip  # noqa: E402
+
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
@@ -49,9 +56,12 @@ DEFAULT_DIR = REPO_ROOT / ".cluster"
 
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
+SERVICE_CLUSTER_IP = "10.96.0.1"  # the `kubernetes` Service
 ADMIN_USER = "admin"
-# Component stop order: the apiserver keeps retrying etcd for about a minute if etcd goes first.
-STOP_ORDER = ("kube-controller-manager", "kube-apiserver", "etcd")
+NODE_USER = f"system:node:{NODE_NAME}"
+# Stop order: the node first (its daemons in reverse start order), then the control plane; the
+# apiserver keeps retrying etcd for about a minute if etcd goes first.
+STOP_ORDER = (*reversed(DAEMONS), "kube-controller-manager", "kube-apiserver", "etcd")
 
 
 class ClusterError(RuntimeError):
@@ -64,6 +74,8 @@ class Binaries:
     kube_apiserver: Path
     # None when the user supplied an apiserver of their own without a matching controller-manager.
     kube_controller_manager: Path | None
+    # The node's binaries: always the cached build (resolved only when a node is asked for).
+    node: Callable[[], NodeBinaries]
 
 
 def _asset_from_env(variable: str, name: str) -> Path | None:
@@ -103,8 +115,9 @@ def find_binaries() -> Binaries:
     controller_manager = _asset_from_env(
         "TEST_ASSET_KUBE_CONTROLLER_MANAGER", "kube-controller-manager"
     )
+    node = lambda: NodeBinaries.in_folder(build_binaries())  # noqa: E731
     if etcd is not None and apiserver is not None:
-        return Binaries(etcd, apiserver, controller_manager)
+        return Binaries(etcd, apiserver, controller_manager, node)
     built = build_binaries()
     return Binaries(
         etcd=etcd or built / "etcd",
@@ -112,6 +125,7 @@ def find_binaries() -> Binaries:
         # A user-supplied apiserver is not paired with our 1.20 controller-manager.
         kube_controller_manager=controller_manager
         or (built / "kube-controller-manager" if apiserver is None else None),
+        node=node,
     )
 
 
@@ -154,14 +168,14 @@ def write_kubeconfig(path: Path, server: str, ca_file: Path, user: str, token: s
     return path
 
 
-def _pid_alive(pid: int, binary_name: str) -> bool:
-    """True if `pid` runs `binary_name` (guards against a recycled pid; a zombie has no cmdline)."""
+def _pid_alive(pid: int, program: str) -> bool:
+    """True if `pid` runs `program`, its argv[0] (guards against a recycled pid; a zombie has no
+    cmdline)."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    argv0 = cmdline.split(b"\0", 1)[0].decode(errors="replace")
-    return Path(argv0).name == binary_name or argv0.endswith(binary_name)
+    return cmdline.split(b"\0", 1)[0].decode(errors="replace") == program
 
 
 class Cluster:
@@ -175,6 +189,9 @@ class Cluster:
         self.logs = self.directory / "logs"
         self.admin_token = ""
         self.has_controller_manager = False
+        # The node's address when this cluster runs a node (the control plane serves there too).
+        self.node_ip: str | None = None
+        self.node = Node(self.directory / "node", "")
         self._detach = False
         # Handles of the processes this object started (reaped on stop); `down` from another
         # process works from the pid files alone.
@@ -182,20 +199,27 @@ class Cluster:
 
     # ---- start -------------------------------------------------------------------------------
 
-    def start(self, binaries: Binaries, *, detach: bool, timeout: float = 60.0) -> None:
-        """Start etcd, kube-apiserver and (if available) kube-controller-manager; wait for ready.
+    def start(self, binaries: Binaries, *, detach: bool, nodes: int = 0, timeout: float = 60.0) -> None:
+        """Start etcd, kube-apiserver and (if available) kube-controller-manager; wait for ready;
+        then, with nodes=1, the node, until it is Ready and cluster DNS answers.
 
         Ready means /readyz answers 200 and, with a controller-manager, the `default`
         ServiceAccount exists (its controllers run, so Pods can be admitted).
         detach=False ties the processes to the calling thread (they get SIGTERM if it ends);
         detach=True leaves them running after the caller exits (`make cluster`).
         """
+        if nodes not in (0, 1):
+            raise ClusterError(f"nodes must be 0 or 1 (one node per machine), got {nodes}")
         running = self.running_components()
         if running:
             raise ClusterError(f"a cluster already runs in {self.directory} ({', '.join(running)})")
         self._reset_directory()
         self._detach = detach
         self.has_controller_manager = binaries.kube_controller_manager is not None
+        if nodes:
+            self.require_controller_manager("a node (ServiceAccount tokens for its pods)")
+            self.node_ip = node_ip()
+            self.node = Node(self.directory / "node", self.node_ip)
         started = time.monotonic()
         try:
             self._make_credentials()
@@ -214,34 +238,74 @@ class Cluster:
                     started,
                     timeout,
                 )
+            if nodes:
+                self._start_node(binaries.node(), started, timeout + 120.0)
         except BaseException:
             self.stop()
             raise
         log.info("ready in %.1f s: KUBECONFIG=%s", time.monotonic() - started, self.kubeconfig)
 
+    def _start_node(self, binaries: NodeBinaries, started: float, timeout: float) -> None:
+        try:
+            self._start_node_daemons(binaries, started, timeout)
+        except NodeError as error:
+            raise ClusterError(str(error)) from error
+
+    def _start_node_daemons(self, binaries: NodeBinaries, started: float, timeout: float) -> None:
+        node = self.node
+        node.claim_host()
+        node.write_configs()
+        commands = node.commands(binaries, self.kubeconfig, self.node_kubeconfig)
+        for daemon in DAEMONS:
+            self._spawn(daemon, commands[daemon])
+            if daemon == "containerd":
+                node.wait_for_runtime(self.check_alive)
+                node.import_pause_image(binaries.pause)
+        self._wait_until(f"node {NODE_NAME} to be Ready", f"/api/v1/nodes/{NODE_NAME}", started, timeout,
+                         accept=_node_ready)  # fmt: skip
+        self._wait_until("the `kubernetes` Service's endpoints", "/api/v1/namespaces/default/endpoints/kubernetes",
+                         started, timeout, accept=lambda body: bool(body.get("subsets")))  # fmt: skip
+        # The DNS feed has run once and dnsmasq serves it.
+        wait_for("cluster DNS to answer for kubernetes.default.svc", lambda: self.check_alive() or node.resolves(
+            "kubernetes.default.svc.cluster.local"), max(1.0, started + timeout - time.monotonic()))
+
+    @property
+    def node_kubeconfig(self) -> Path:
+        return self.directory / "node-kubeconfig"
+
     def _reset_directory(self) -> None:
-        for stale in ("etcd-data", "pki", "logs"):
+        for stale in ("etcd-data", "pki", "logs", "node"):
             shutil.rmtree(self.directory / stale, ignore_errors=True)
         self.logs.mkdir(parents=True)
         (self.directory / "pki").mkdir(mode=0o700)
 
     def _make_credentials(self) -> None:
         # One key serves TLS and signs ServiceAccount tokens: this is a throwaway test cluster.
+        # Pods reach the API server as the `kubernetes` Service (its ClusterIP and DNS names).
+        names = ["IP:127.0.0.1", "DNS:localhost", f"IP:{SERVICE_CLUSTER_IP}", "DNS:kubernetes",
+                 "DNS:kubernetes.default", "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"]
+        if self.node_ip:
+            names.append(f"IP:{self.node_ip}")
         subprocess.run(
             [
                 # EC, not RSA: key generation is instant instead of up to a second.
                 "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                 "-nodes", "-days", "3650",
                 "-subj", "/CN=127.0.0.1",
-                "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+                "-addext", "subjectAltName=" + ",".join(names),
                 "-keyout", str(self.key_file), "-out", str(self.ca_file),
             ],
             check=True, capture_output=True,
         )  # fmt: skip
         self.admin_token = secrets.token_hex(24)
+        node_token = secrets.token_hex(24)
         tokens = self.directory / "pki" / "tokens.csv"
-        tokens.write_text(f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        tokens.write_text(
+            f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
+            f'{node_token},{NODE_USER},{NODE_USER},"system:nodes"\n'
+        )
         tokens.chmod(0o600)
+        self._node_token = node_token
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         with open(self.logs / f"{name}.log", "wb") as log_file:
@@ -250,13 +314,15 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
+                # The daemons find their helpers (runc, CNI's iptables, conntrack) in sbin.
+                env={**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"},
                 # Own session: a Ctrl-C in the terminal does not kill them out of order.
                 start_new_session=True,
                 preexec_fn=None if self._detach else _die_with_parent,
                 cwd=self.directory,
             )
         self._processes[name] = process
-        (self.directory / f"{name}.pid").write_text(f"{process.pid}\n")
+        (self.directory / f"{name}.pid").write_text(f"{process.pid}\n{argv[0]}\n")
 
     def _start_etcd(self, etcd: Path) -> str:
         client_url = f"http://127.0.0.1:{free_port()}"
@@ -278,24 +344,30 @@ class Cluster:
     def _start_apiserver(self, binaries: Binaries, etcd_url: str) -> str:
         port = free_port()
         pki = self.directory / "pki"
+        address = self.node_ip or "127.0.0.1"
         argv = [
             str(binaries.kube_apiserver),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            # With a node, pods reach the API server on the host's address.
+            f"--bind-address={'0.0.0.0' if self.node_ip else '127.0.0.1'}",
+            f"--advertise-address={address}",
             f"--secure-port={port}",
             f"--cert-dir={pki}",
             f"--tls-cert-file={self.ca_file}",
             f"--tls-private-key-file={self.key_file}",
             f"--token-auth-file={pki / 'tokens.csv'}",
-            "--authorization-mode=RBAC",
+            # Node: what the kubelet may read (its pods' secrets, its own Node object).
+            "--authorization-mode=Node,RBAC",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             # The certificate carries the public half; 1.20 cannot read it from a PKCS#8 EC key.
             f"--service-account-key-file={self.ca_file}",
             f"--service-account-signing-key-file={self.key_file}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-            # No kubelets publish endpoints for the `kubernetes` Service here.
-            "--endpoint-reconciler-type=none",
+            # With a node, the `kubernetes` Service's endpoints point at this server (pods use it);
+            # without one nothing reads them.
+            f"--endpoint-reconciler-type={'lease' if self.node_ip else 'none'}",
+            # `kubectl logs` reaches the kubelet by the node's address, not its name.
+            "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
             "--profiling=false",
         ]
@@ -307,7 +379,9 @@ class Cluster:
             # admitted by the ServiceAccount plugin.
             argv.append("--disable-admission-plugins=ServiceAccount")
         self._spawn("kube-apiserver", argv)
-        write_kubeconfig(self.kubeconfig, f"https://127.0.0.1:{port}", self.ca_file, ADMIN_USER, self.admin_token)
+        server = f"https://{address}:{port}"
+        write_kubeconfig(self.kubeconfig, server, self.ca_file, ADMIN_USER, self.admin_token)
+        write_kubeconfig(self.node_kubeconfig, server, self.ca_file, NODE_USER, self._node_token)
 
     def _start_controller_manager(self, binary: Path) -> None:
         argv = [
@@ -324,8 +398,12 @@ class Cluster:
             argv.append("--port=0")  # the insecure port, gone after 1.23
         self._spawn("kube-controller-manager", argv)
 
-    def _wait_until(self, what: str, path: str, started: float, timeout: float) -> None:
-        """Poll GET `path` as admin until it answers 200, logging progress every second."""
+    def _wait_until(
+        self, what: str, path: str, started: float, timeout: float,
+        accept: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> None:
+        """Poll GET `path` as admin until it answers 200 with a body `accept` likes, logging
+        progress every second."""
         context = ssl.create_default_context(cafile=str(self.ca_file))
         server = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
         request = urllib.request.Request(
@@ -338,8 +416,10 @@ class Cluster:
             self.check_alive()
             try:
                 # A short timeout: the port accepts connections seconds before TLS is served.
-                with urllib.request.urlopen(request, context=context, timeout=0.5):
-                    return
+                with urllib.request.urlopen(request, context=context, timeout=0.5) as response:
+                    if accept is None or accept(json.load(response)):
+                        return
+                    reason = "not yet"
             except urllib.error.HTTPError as error:
                 body = error.read().decode(errors="replace")
                 pending = [line[3:].split(" ")[0] for line in body.splitlines() if line.startswith("[-]")]
@@ -370,32 +450,40 @@ class Cluster:
 
     # ---- state and stop ----------------------------------------------------------------------
 
-    def _pid(self, name: str) -> int | None:
+    def _pid(self, name: str) -> tuple[int, str] | None:
+        """The pid and argv[0] its pid file records."""
         try:
-            return int((self.directory / f"{name}.pid").read_text().strip())
+            pid, program = (self.directory / f"{name}.pid").read_text().splitlines()[:2]
+            return int(pid), program
         except (OSError, ValueError):
             return None
 
     def _component_alive(self, name: str) -> bool:
-        pid = self._pid(name)
-        if pid is None:
+        recorded = self._pid(name)
+        if recorded is None:
             return False
+        pid, program = recorded
         process = self._processes.get(name)
         if process is not None and process.pid == pid:
             return process.poll() is None  # also reaps it once it has exited
-        return _pid_alive(pid, name)
+        return _pid_alive(pid, program)
 
     def running_components(self) -> list[str]:
         return [name for name in STOP_ORDER if self._component_alive(name)]
 
     def stop(self, timeout: float = 20.0) -> None:
-        """Stop every component, apiserver before etcd; SIGKILL what outlives `timeout`."""
+        """Stop every component, the node first and the apiserver before etcd; SIGKILL what
+        outlives `timeout`; then undo the node's changes to the host."""
         for name in STOP_ORDER:
-            pid = self._pid(name)
-            if pid is not None and self._component_alive(name):
-                self._terminate(name, pid, timeout)
+            if name == "containerd":
+                self.node.remove_pods()
+            recorded = self._pid(name)
+            if recorded is not None and self._component_alive(name):
+                self._terminate(name, recorded[0], timeout)
             (self.directory / f"{name}.pid").unlink(missing_ok=True)
         self._processes.clear()
+        if self.node.directory.exists():
+            self.node.cleanup_host()
         # etcd preallocates 64 MB of WAL; a stopped cluster's data is never reused. Logs stay.
         shutil.rmtree(self.directory / "etcd-data", ignore_errors=True)
 
@@ -433,6 +521,11 @@ class Cluster:
     def serviceaccount_api_client(self, namespace: str, name: str) -> ApiClient:
         """An ApiClient holding only that ServiceAccount's token: it gets exactly what RBAC grants."""
         return api_client_for(self.serviceaccount_kubeconfig(namespace, name))
+
+
+def _node_ready(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
 def api_client_for(kubeconfig: Path) -> ApiClient:
@@ -485,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cluster.py", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down", "env", "binaries"])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="cluster folder (default: .cluster)")
+    parser.add_argument("--nodes", type=int, default=1, choices=[0, 1], help="`up`: real nodes to start (default 1)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="cluster: %(message)s")
     cluster = Cluster(args.dir)
@@ -499,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("already running (%s)", ", ".join(running))
             else:
                 cluster.stop()  # whatever survived of a broken earlier cluster
-                cluster.start(find_binaries(), detach=True)
+                cluster.start(find_binaries(), detach=True, nodes=args.nodes)
             print(f"export KUBECONFIG={cluster.kubeconfig}")
         elif args.command == "down":
             cluster.stop()
@@ -509,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             if not cluster.running_components():
                 raise ClusterError(f"no cluster runs in {cluster.directory}; run `make cluster`")
             print(f"export KUBECONFIG={cluster.kubeconfig}")
-    except ClusterError as error:
+    except (ClusterError, NodeError) as error:
         log.error("%s", error)
         return 1
     return 0

@@ -59,9 +59,12 @@ class KubeApi:
         return True
 
     async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
-        """Delete that instance only: a newer pod of the same name (uid) is left alone."""
+        """Delete that instance only (a newer pod of the same name is left alone), at once: it
+        leaves its worlds for good, and a frozen process could not run its own shutdown, so a
+        grace period would only hold the name its replacement needs."""
         try:
-            await self._call(self.core.delete_namespaced_pod, name, namespace, body={"preconditions": {"uid": uid}})
+            await self._call(self.core.delete_namespaced_pod, name, namespace,
+                             body={"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
         except ApiException as error:
             if error.status not in (404, 409):
                 raise
