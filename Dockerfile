@@ -7,6 +7,9 @@
 #   docker build --target worker --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 .
 
 ARG PYTHON_IMAGE=python:3.11-slim
+# PIP_CERT (unset by default) names a CA bundle in the base image for pip to trust, for builds
+# behind a TLS-intercepting proxy such as tests/cluster/images.py's. As a build arg it reaches the
+# pip steps only, never the images' environment or pip configuration.
 
 # The project as one wheel: the images install the wheel, not the source tree.
 FROM ${PYTHON_IMAGE} AS wheel
@@ -14,6 +17,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker ./worker
 COPY operator ./operator
+ARG PIP_CERT
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # What both images share: no pip cache, unbuffered logs, an unprivileged user (uid 10001, the
@@ -28,6 +32,7 @@ RUN groupadd --gid 10001 multiworld \
 WORKDIR /app
 
 FROM runtime AS operator
+ARG PIP_CERT
 COPY --from=wheel /wheels /tmp/wheels
 RUN pip install "$(ls /tmp/wheels/multiworld-*.whl)[operator]" && rm -rf /tmp/wheels
 USER 10001:10001
@@ -35,6 +40,7 @@ ENTRYPOINT ["multiworld", "operator"]
 
 FROM runtime AS worker
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_CERT
 COPY --from=wheel /wheels /tmp/wheels
 COPY constraints.txt /tmp/constraints.txt
 # constraints.txt pins torch; the pinned version is taken from TORCH_INDEX_URL, whose local

@@ -41,3 +41,13 @@ cluster: kube-binaries
 
 cluster-down:
 	@$(PYTHON) tests/cluster/cluster.py down
+
+# The operator and worker images (multiworld/{operator,worker}:dev), built from the Dockerfile with
+# a private dockerd and cached in ~/.cache/multiworld/images/ (root; a few minutes when cold),
+# then loaded into the running `make cluster` node's containerd, if there is one.
+IMAGES_CONTAINERD := .cluster/node/containerd/containerd.sock
+.PHONY: images
+images:
+	@$(PYTHON) tests/cluster/images.py build >/dev/null
+	@if [ -S $(IMAGES_CONTAINERD) ]; then $(PYTHON) tests/cluster/images.py load --address $(IMAGES_CONTAINERD); \
+	else echo "images built and cached; \`make cluster\` loads them into its node"; fi

@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the examples' shared module
@@ -28,6 +28,8 @@ from multiworld.channels import Channel, open_channel  # noqa: E402
 from multiworld.contract import ENV_WORLDS, WorkerEnv, WorkerStatus  # noqa: E402
 
 WORLD = "world"
+# When this program was ready, its imports (torch among them) done: its status reports it.
+STARTED = datetime.now(timezone.utc)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,7 +73,8 @@ def _say_joined(env: WorkerEnv) -> Channel:
     channel = open_channel(env.table, env.pod)
     channel.start(lambda table: None)
     world = env.worlds[0]
-    channel.status(WorkerStatus(pod=env.pod, joined={world.name: world.epoch}))
+    channel.status(WorkerStatus(pod=env.pod, joined={world.name: world.epoch}, started=STARTED,
+                                joined_at={world.name: datetime.now(timezone.utc)}))
     return channel
 
 

@@ -1,6 +1,7 @@
 """Fixtures for tests that need a real Kubernetes API server.
 
 `kube_cluster` (session): a fresh etcd + kube-apiserver + kube-controller-manager in a temp dir.
+`kube_node` (session): the same with one real node (tests/cluster/node.py) holding our images.
 `namespace` (function): a fresh namespace, deleted afterwards.
 A missing control plane is a test error with the reason, never a skip.
 """
@@ -19,10 +20,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 
-def _load_cluster_module() -> ModuleType:
-    # tests/ is not a package; load tests/cluster/cluster.py by path under a distinct name.
-    path = Path(__file__).resolve().parents[1] / "cluster" / "cluster.py"
-    spec = importlib.util.spec_from_file_location("multiworld_test_cluster", path)
+def _load_cluster_module(name: str, file: str) -> ModuleType:
+    # tests/ is not a package; load a file of tests/cluster/ by path under a distinct name.
+    path = Path(__file__).resolve().parents[1] / "cluster" / file
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -30,27 +31,37 @@ def _load_cluster_module() -> ModuleType:
     return module
 
 
-cluster_module = _load_cluster_module()
+cluster_module = _load_cluster_module("multiworld_test_cluster", "cluster.py")
+images_module = _load_cluster_module("multiworld_test_images", "images.py")
 Cluster = cluster_module.Cluster
 
 DEFAULT_SERVICEACCOUNT_TIMEOUT_S = 60.0
 
 
-@pytest.fixture(scope="session")
-def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A running control plane; `.kubeconfig`, `.api_client()`, `.serviceaccount_kubeconfig(ns, name)`."""
-    cluster = Cluster(tmp_path_factory.mktemp("kube-cluster"))
+def _running_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[Cluster]:
+    """A cluster started for the session (with `nodes` real nodes, holding our images), stopped
+    afterwards. A missing part is a test error that says why."""
+    cluster = Cluster(tmp_path_factory.mktemp("kube-node" if nodes else "kube-cluster"))
     failure = ""
     try:
-        cluster.start(cluster_module.find_binaries(), detach=False)
-    except cluster_module.ClusterError as error:
-        failure = f"the test Kubernetes control plane is unavailable: {error}"
+        cluster.start(cluster_module.find_binaries(), detach=False, nodes=nodes)
+        if nodes:
+            images_module.load_images(str(cluster.node.socket))
+    except (cluster_module.ClusterError, images_module.ImageError) as error:
+        cluster.stop()
+        failure = f"the test Kubernetes {'node' if nodes else 'control plane'} is unavailable: {error}"
     if failure:
         pytest.fail(failure, pytrace=False)
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A running control plane; `.kubeconfig`, `.api_client()`, `.serviceaccount_kubeconfig(ns, name)`."""
+    yield from _running_cluster(tmp_path_factory, nodes=0)
 
 
 @pytest.fixture
@@ -83,3 +94,11 @@ def _find_serviceaccount(core: client.CoreV1Api, namespace: str, name: str) -> c
         if error.status == 404:
             return None
         raise
+
+
+@pytest.fixture(scope="session")
+def kube_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A control plane with one real node (containerd, kubelet, pod network, DNS) whose runtime
+    holds our images, multiworld/operator:dev and multiworld/worker:dev. `make test` builds the
+    images first (minutes when cold); here they are only loaded."""
+    yield from _running_cluster(tmp_path_factory, nodes=1)

@@ -100,6 +100,22 @@ def test_exclusive_pod_failure_restarts_only_its_world() -> None:
     assert [(w.name, w.epoch) for w in result.publishes[0].table.worlds] == [("world1", 2), ("world2", 1)]
 
 
+def test_the_table_names_which_instance_of_each_pod_holds_its_rank() -> None:
+    """A replaced pod's old process may still run (on Kubernetes, until its node kills it): the
+    table says the rank belongs to the instance created for the new epoch."""
+    sim = running()
+    (first,) = [w for w in sim.plan().status.table.worlds if w.name == "world1"]
+    assert first.instances == {LEADER: 1, W1_0: 1, W1_1: 1}
+    sim.fail(W1_0)
+    table = sim.plan().publishes[0].table
+    world1, world2 = table.worlds
+    assert world1.instances == {LEADER: 1, W1_0: 2, W1_1: 2}
+    assert world2.instances == {LEADER: 1, W2_0: 1}
+    assert table.replaced(W1_1, {"world1": 1}) == ["world1"]
+    assert table.replaced(LEADER, {"world1": 1, "world2": 1}) == []
+    assert table.replaced(W1_1, {"world1": 2}) == []
+
+
 def test_replaced_pods_come_back_at_the_new_epoch_and_the_world_recovers() -> None:
     sim = running()
     sim.fail(W1_0)

@@ -65,6 +65,24 @@ def test_apply_follows_the_table(table_server) -> None:
         m.close()
 
 
+def test_a_replaced_instance_never_takes_its_pods_rank_again(table_server) -> None:
+    """A process whose pod the table gives to a newer instance joins nothing more, so the new
+    instance finds its rank free; the newer instance itself follows the table."""
+    (port,) = free_ports(1)
+    old = mw.WorldManager(pod="p1", config=FAST, instance={"w": 1})
+    new = mw.WorldManager(pod="p1", config=FAST, instance={"w": 2})
+    epoch2 = table(2, ("w", 2, port, ["p0", "p1"]))
+    epoch2.worlds[0].instances.update({"p0": 1, "p1": 2})
+    try:
+        old.apply(epoch2)
+        assert old._joins == {} and old.worlds() == {}
+        new.apply(epoch2)
+        assert set(new._joins) == {"w"}
+    finally:
+        old.close()
+        new.close()
+
+
 def test_a_peer_leaving_breaks_the_world_and_its_name_is_used_again(table_server) -> None:
     """p1 leaves on purpose: p0's pending and new ops raise, naming rank 1; nothing failed, so
     nothing is reported or counted. Then both join the same world name at epoch 2 (p0 still

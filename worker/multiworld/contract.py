@@ -85,6 +85,10 @@ class WorldEntry(_Model):
     host: str
     port: int = Field(ge=1, le=65535)
     pods: list[str] = Field(min_length=2)
+    # Pod -> the epoch of this world its current instance was created for. On Kubernetes a
+    # replaced instance still runs for a moment after its Pod is gone; this keeps it from taking
+    # its pod's rank at the new epoch, which belongs to the new instance.
+    instances: dict[str, int] = Field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -110,6 +114,12 @@ class WorldTable(_Model):
 
     def assignments_for(self, pod: str) -> dict[str, WorldAssignment]:
         return {w.name: w.assignment(pod) for w in self.worlds if pod in w.pods}
+
+    def replaced(self, pod: str, created_for: Mapping[str, int]) -> list[str]:
+        """The worlds whose entry names a newer instance of `pod` than the one created for the
+        epochs `created_for` (world -> epoch): that instance has been replaced."""
+        return [w.name for w in self.worlds
+                if w.name in created_for and w.instances.get(pod, created_for[w.name]) > created_for[w.name]]
 
 
 class WorkerEnv(_Model):
@@ -162,6 +172,10 @@ class WorkerStatus(_Model):
     pod: str
     joined: dict[str, int] = Field(default_factory=dict)
     errors: dict[str, int] = Field(default_factory=dict)
+    # The process's own clock: when its program was ready (its imports done) and when it joined
+    # each world it holds, so that a recovery's time can be split at the worker's side.
+    started: datetime | None = None
+    joined_at: dict[str, datetime] = Field(default_factory=dict)
 
 
 class ChannelMessage(_Model):

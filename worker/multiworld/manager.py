@@ -12,6 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from multiworld import shutdown
@@ -66,8 +67,15 @@ class WorldManager:
         config: DetectConfig | None = None,
         channel: Channel | None = None,
         device: str | torch.device | None = None,
+        instance: Mapping[str, int] | None = None,
     ) -> None:
+        """`instance`: the epochs (world -> epoch) this process's pod was created for, as its
+        environment gives them; a table that names a newer instance of the pod is not followed."""
         self.pod = pod or socket.gethostname()
+        self._instance = dict(instance or {})
+        self._replaced = False
+        self._started = datetime.now(timezone.utc)
+        self._joined_at: dict[str, datetime] = {}
         self.config = config if config is not None else DetectConfig.from_env()
         self._channel: Channel = channel if channel is not None else NoneChannel()
         self._device = device
@@ -179,6 +187,7 @@ class WorldManager:
             if current:
                 del self._joins[name]
                 self._worlds[name] = world
+                self._joined_at[name] = datetime.now(timezone.utc)
                 join.world = world
         if not current:
             world._close("cancelled its join")
@@ -220,6 +229,8 @@ class WorldManager:
                 log.debug("ignoring world table revision %d (have %d)", table.revision, self._revision)
                 return
             self._revision = table.revision
+            if self._replaced or self._superseded(table):
+                return
             mine = table.assignments_for(self.pod)
             for name in (set(self._worlds) | set(self._joins)) - set(mine):
                 self._leave(name)
@@ -229,6 +240,19 @@ class WorldManager:
                         self._start_join(a)
                     except WorldJoinError as exc:
                         log.warning("world table revision %d: %s", table.revision, exc)
+
+    def _superseded(self, table: WorldTable) -> bool:
+        """Whether the table gives this pod's ranks to a newer instance of it; then leave every
+        world for good (the platform is stopping this process)."""
+        worlds = table.replaced(self.pod, self._instance)
+        if not worlds:
+            return False
+        log.warning("pod %s was replaced by a newer instance (worlds %s): this process joins nothing more",
+                    self.pod, ", ".join(worlds))
+        self._replaced = True
+        for name in set(self._worlds) | set(self._joins):
+            self._leave(name)
+        return True
 
     def _wants(self, a: WorldAssignment) -> bool:
         pending = self._joins.get(a.name)
@@ -351,7 +375,8 @@ class WorldManager:
         """What this process holds now: healthy worlds' epochs, and failures seen per world."""
         with self._lock:
             joined = {name: w.epoch for name, w in self._worlds.items() if not w.broken}
-            return WorkerStatus(pod=self.pod, joined=joined, errors=dict(self._errors))
+            return WorkerStatus(pod=self.pod, joined=joined, errors=dict(self._errors), started=self._started,
+                                joined_at={name: self._joined_at[name] for name in joined})
 
     def _changed(self) -> None:
         with self._lock:

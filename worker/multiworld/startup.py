@@ -29,7 +29,8 @@ def init_from_env(
     env = WorkerEnv.from_env(environ)
     config = config if config is not None else DetectConfig.from_env(environ)
     channel = open_channel(env.table, env.pod)
-    manager = WorldManager(pod=env.pod, config=config, channel=channel, device=device)
+    manager = WorldManager(pod=env.pod, config=config, channel=channel, device=device,
+                           instance={a.name: a.epoch for a in env.worlds})
     if wait:
         manager.join_all(env.worlds)
     else:

@@ -228,11 +228,23 @@ class _Planning:
             if state.up:
                 host, port = self.endpoint(name, state.pods[0])
                 entries.append(WorldEntry(name=name, epoch=state.epoch, backend=state.backend,
-                                          host=host, port=port, pods=state.pods))
+                                          host=host, port=port, pods=state.pods,
+                                          instances=self._instances(name, state.pods)))
         revision = self.previous.table.revision
         if entries != self.previous.table.worlds:
             revision += 1
         return WorldTable(revision=revision, worlds=entries)
+
+    def _instances(self, world: str, pods: list[str]) -> dict[str, int]:
+        """The epoch of `world` each pod's current instance was created for: a kept pod's record
+        says; a pod without one (being replaced) gets an instance for the current epoch."""
+        found = {}
+        for pod in pods:
+            record = self.records.get(pod)
+            epoch = record.created_for.get(world) if record is not None else self.worlds[world].epoch
+            if epoch is not None:
+                found[pod] = epoch
+        return found
 
     def _reconcile_pods(self, table: WorldTable) -> None:
         for pod in self.pods:

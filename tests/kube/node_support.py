@@ -1,0 +1,98 @@
+"""What the user journeys on the real node share: the chart installed with Helm running our
+operator image, the example manifests pointed at our worker image, kubectl as a user types it,
+and signals sent to a pod's process through the container runtime."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import multiworld_test_cluster as cluster_module  # registered by conftest.py
+import yaml
+from kubernetes import client
+from multiworld_test_cluster import Cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CHART_DIR = REPO / "charts" / "multiworld-operator"
+OPERATOR_IMAGE = ("multiworld/operator", "dev")
+WORKER_IMAGE = "multiworld/worker:dev"
+HELM_TIMEOUT_S = 180
+# Generous: two CPU cores run the control plane, the node and every pod.
+WAIT_S = 180.0
+
+
+@dataclass(frozen=True)
+class Operator:
+    """The chart's release: the operator's Deployment in `namespace`, workers in `apps`."""
+
+    namespace: str
+    fullname: str
+    apps: str
+
+
+def install_operator(cluster: Cluster) -> Operator:
+    """`helm install` of the chart with the operator image built from our Dockerfile; the
+    worker ServiceAccount goes to a namespace of its own, where the tests apply MultiWorlds."""
+    suffix = uuid.uuid4().hex[:6]
+    namespace, apps, release = f"multiworld-{suffix}", f"apps-{suffix}", f"mw-{suffix}"
+    with cluster.api_client() as api:
+        core = client.CoreV1Api(api)
+        for name in (namespace, apps):
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    repository, tag = OPERATOR_IMAGE
+    values = {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "workers": {"namespaces": [apps]},
+        "logLevel": "INFO",
+    }
+    with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=namespace) as config:
+        installed = config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
+    assert installed["status"] == "deployed", installed
+    return Operator(namespace, f"{release}-multiworld-operator", apps)
+
+
+def kubectl(cluster: Cluster, *args: str, check: bool = True) -> str:
+    """Run the real kubectl (built from the same source as the node) as the admin."""
+    binary = cluster_module.find_binaries().node().kubectl
+    result = subprocess.run([str(binary), f"--kubeconfig={cluster.kubeconfig}", *args],
+                            capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr}")
+    return result.stdout
+
+
+def example_manifest(example: str, name: str, folder: Path, *, initial_delay: str = "0s",
+                     steps: int = 100000, interval: float = 0.5) -> Path:
+    """examples/<example>/multiworld.yaml as committed, with our worker image (never pulled),
+    its own name, a first restart with no delay and steps enough to outlast the test."""
+    manifest: dict[str, Any] = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
+    manifest["metadata"]["name"] = name
+    spec = manifest["spec"]
+    (container,) = spec["template"]["spec"]["containers"]
+    container["image"] = WORKER_IMAGE
+    container["imagePullPolicy"] = "Never"
+    container["args"] = ["--steps", str(steps), "--interval", str(interval)]
+    for world in spec["worlds"]:
+        world["failurePolicy"] = {"maxRestarts": 20, "window": "1h",
+                                  "backoff": {"initialDelay": initial_delay}}  # fmt: skip
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def container_id(pod: client.V1Pod) -> str:
+    """The containerd id of the pod's (only) container."""
+    (status,) = pod.status.container_statuses
+    runtime, _, identifier = status.container_id.partition("://")
+    assert runtime == "containerd", status.container_id
+    return identifier
+
+
+def signal_container(cluster: Cluster, pod: client.V1Pod, signal: str) -> None:
+    """Send `signal` to the container's main process through containerd, as a crash or a
+    debugger would: the API server hears of it only through the kubelet."""
+    cluster.node.ctr(["tasks", "kill", "--signal", signal, container_id(pod)], f"sending {signal} to {pod.metadata.name}")

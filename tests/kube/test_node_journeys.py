@@ -1,0 +1,257 @@
+"""The user journeys on a real node: the chart installed with Helm runs our operator image as a
+Deployment, `kubectl apply` of examples/all_gather/multiworld.yaml starts real pods of our worker
+image, and failures are made the way they happen (a process killed or frozen through the
+container runtime, a pod deleted with kubectl, the operator's own pod deleted mid-recovery).
+Every check reads what a user would: kubectl, pod logs, pod uids, the MultiWorld's status."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from multiworld_test_cluster import Cluster
+from node_support import (
+    WAIT_S,
+    Operator,
+    example_manifest,
+    install_operator,
+    kubectl,
+    signal_container,
+)
+from operator_support import KubeNamespace, wait_for
+
+from multiworld.contract import REPORT_ANNOTATION, STATUS_ANNOTATION, BrokenWorldReport, WorkerStatus
+
+pytestmark = [pytest.mark.kube, pytest.mark.node]
+
+REPO = Path(__file__).resolve().parents[2]
+EXCLUSIVE = {"world1": ("w1-0", "w1-1"), "world2": ("w2-0", "w2-1")}
+# The chart's liveness probe: initialDelaySeconds + failureThreshold x periodSeconds, and a tick.
+LIVENESS_PROVEN_S = 10 + 3 * 20 + 5
+
+
+@pytest.fixture(scope="module")
+def operator(kube_node: Cluster) -> Operator:
+    installed = install_operator(kube_node)
+    wait_for("the operator's pod Running and Ready", lambda: _ready_operator_pod(kube_node, installed), WAIT_S)
+    return installed
+
+
+@pytest.fixture
+def kube(kube_node: Cluster, operator: Operator) -> Iterator[KubeNamespace]:
+    with kube_node.api_client() as api:
+        yield KubeNamespace(api, operator.apps)
+
+
+def _operator_pods(cluster: Cluster, operator: Operator) -> list[client.V1Pod]:
+    with cluster.api_client() as api:
+        pods = client.CoreV1Api(api).list_namespaced_pod(
+            operator.namespace, label_selector="app.kubernetes.io/name=multiworld-operator").items
+    return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+
+def _ready_operator_pod(cluster: Cluster, operator: Operator) -> client.V1Pod | None:
+    for pod in _operator_pods(cluster, operator):
+        statuses = pod.status.container_statuses or []
+        if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses):
+            return pod
+    return None
+
+
+def _apply(cluster: Cluster, operator: Operator, tmp_path: Path, name: str, example: str = "all_gather") -> Path:
+    path = example_manifest(example, name, tmp_path)
+    kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
+    return path
+
+
+@pytest.fixture
+def all_gather(kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path,
+               request: pytest.FixtureRequest) -> Iterator[str]:
+    """examples/all_gather applied under the test's own name, Running with both worlds at epoch 1;
+    deleted afterwards (and its pods gone, so the next test has the node's cores)."""
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
+    _apply(kube_node, operator, tmp_path, name)
+    _wait_running(kube, name, {"world1": 1, "world2": 1})
+    yield name
+    kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
+    wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
+
+
+def _wait_running(kube: KubeNamespace, name: str, epochs: dict[str, int]) -> dict[str, object]:
+    def running() -> dict[str, object] | None:
+        status = kube.status(name)
+        worlds = status.get("worlds") or {}
+        if status.get("phase") == "Running" and {w: s["epoch"] for w, s in worlds.items()} == epochs:
+            return status
+        return None
+
+    return wait_for(f"MultiWorld {name} Running at epochs {epochs}", running, WAIT_S)
+
+
+def _logs(cluster: Cluster, operator: Operator, pod: str) -> str:
+    return kubectl(cluster, "logs", "-n", operator.apps, pod)
+
+
+def _wait_log(cluster: Cluster, operator: Operator, pod: str, line: str) -> str:
+    def logged() -> str | None:
+        text = _logs(cluster, operator, pod)
+        return text if line in text else None
+
+    return wait_for(f"{pod} to log {line!r}", logged, WAIT_S)
+
+
+def _worker_status(pod: client.V1Pod) -> WorkerStatus | None:
+    raw = (pod.metadata.annotations or {}).get(STATUS_ANNOTATION)
+    return WorkerStatus.model_validate_json(raw) if raw else None
+
+
+def _member(name: str, pod: str) -> str:
+    return pod.removeprefix(f"{name}-")
+
+
+def test_operator_runs_as_the_charts_deployment(kube_node: Cluster, operator: Operator) -> None:
+    pod = _ready_operator_pod(kube_node, operator)
+    assert pod is not None
+    assert pod.spec.service_account_name == operator.fullname
+    (status,) = pod.status.container_statuses
+    assert status.image == "docker.io/multiworld/operator:dev", status.image
+    assert pod.spec.node_name == "multiworld-node"
+    deployment = kubectl(kube_node, "get", "deployment", operator.fullname, "-n", operator.namespace, "-o", "json")
+    assert json.loads(deployment)["status"].get("availableReplicas") == 1
+
+
+def test_all_gather_runs_on_the_node(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
+                                     all_gather: str) -> None:
+    name = all_gather
+    pods = kube.pods(name)
+    assert {_member(name, p) for p in pods} == {"leader-0", "w1-0", "w1-1", "w2-0", "w2-1"}
+    assert all(p.status.phase == "Running" and p.spec.node_name == "multiworld-node" for p in pods.values())
+    leader = f"{name}-leader-0"
+    for world in ("world1", "world2"):
+        _wait_log(kube_node, operator, leader, f"rank: 0 from {world} has gathered tensors: ")
+    row = kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "--no-headers").split()
+    assert row[:3] == [name, "Running", "2/2"], row
+
+
+def _kill_and_check(cluster: Cluster, operator: Operator, kube: KubeNamespace, name: str, victim: str,
+                    how: str, epoch: int) -> None:
+    """Fail world1 through `victim` (`how`: SIGKILL through the runtime, or kubectl delete);
+    only world1's exclusive pods come back, world1 runs at `epoch`, world2 never notices."""
+    before = kube.uids(name)
+    pod = kube.pods(name)[f"{name}-{victim}"]
+    if how == "kubectl delete":
+        kubectl(cluster, "delete", "pod", pod.metadata.name, "-n", operator.apps, "--wait=false")
+    else:
+        signal_container(cluster, pod, how)
+    _wait_running(kube, name, {"world1": epoch, "world2": 1})
+    after = kube.uids(name)
+    assert set(after) == set(before)
+    for member in ("leader-0", *EXCLUSIVE["world2"]):
+        assert after[f"{name}-{member}"] == before[f"{name}-{member}"], f"{member} was replaced"
+    for member in EXCLUSIVE["world1"]:
+        assert after[f"{name}-{member}"] != before[f"{name}-{member}"], f"{member} was not replaced"
+    _wait_log(cluster, operator, f"{name}-leader-0", f"world1 rejoined at epoch {epoch}")
+
+
+def _assert_world2_untouched(cluster: Cluster, operator: Operator, kube: KubeNamespace, name: str) -> None:
+    for member in ("leader-0", *EXCLUSIVE["world2"]):
+        log = _logs(cluster, operator, f"{name}-{member}")
+        assert "world2 broke" not in log, f"{member}:\n{log}"
+    for pod in kube.pods(name).values():
+        status = _worker_status(pod)
+        assert status is None or not status.errors.get("world2"), (pod.metadata.name, status)
+
+
+def test_killed_worker_costs_only_its_world(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
+                                          all_gather: str, tmp_path: Path) -> None:
+    name = all_gather
+    _kill_and_check(kube_node, operator, kube, name, "w1-1", "SIGKILL", epoch=2)
+    _kill_and_check(kube_node, operator, kube, name, "w1-0", "kubectl delete", epoch=3)
+    _assert_world2_untouched(kube_node, operator, kube, name)
+    described = kubectl(kube_node, "describe", "mw", name, "-n", operator.apps)
+    for reason in ("WorldFailed", "WorldRestarting", "WorldRecovered"):
+        assert reason in described, described
+    status = kube.status(name)
+    assert status["worlds"]["world1"]["restarts"] == 2 and status["worlds"]["world2"]["restarts"] == 0
+    node_outcome = {w: (s["phase"], s["epoch"]) for w, s in status["worlds"].items()}
+
+    # The same manifest and the same kill, run by `multiworld run` on this machine.
+    manifest = tmp_path / "local.yaml"
+    manifest.write_text((tmp_path / f"{name}.yaml").read_text())
+    local = subprocess.run(
+        [str(Path(sys.executable).with_name("multiworld")), "run", str(manifest), "--kill", "w1:1", "--after", "3",
+         "--duration", "25", "--json", "--no-view", "--workdir", str(REPO)],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert local.returncode == 0, local.stderr
+    summary = json.loads(local.stdout.strip().splitlines()[-1])["worlds"]
+    assert {w: (s["phase"], s["epoch"]) for w, s in summary.items()} == {"world1": ("Running", 2), "world2": ("Running", 1)}
+    assert summary["world2"]["errors"] == 0 and summary["world2"]["failures"] == 0
+    assert node_outcome == {"world1": ("Running", 3), "world2": ("Running", 1)}
+
+
+def test_frozen_worker_is_replaced(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
+                                   all_gather: str) -> None:
+    name = all_gather
+    before = kube.uids(name)
+    frozen = kube.pods(name)[f"{name}-w1-0"]
+    signal_container(kube_node, frozen, "SIGSTOP")
+
+    def reported() -> BrokenWorldReport | None:
+        for member in ("leader-0", "w1-1"):
+            raw = (kube.pods(name)[f"{name}-{member}"].metadata.annotations or {}).get(REPORT_ANNOTATION)
+            if raw and (report := BrokenWorldReport.model_validate_json(raw)).world == "world1":
+                return report
+        return None
+
+    report = wait_for("a live member's report of world1 broken on its Pod", reported, WAIT_S)
+    assert report.epoch == 1
+    _wait_running(kube, name, {"world1": 2, "world2": 1})
+    after = kube.uids(name)
+    assert after[f"{name}-w1-0"] != before[f"{name}-w1-0"], "the frozen pod was not replaced"
+    for member in ("leader-0", *EXCLUSIVE["world2"]):
+        assert after[f"{name}-{member}"] == before[f"{name}-{member}"]
+    _assert_world2_untouched(kube_node, operator, kube, name)
+
+
+def test_operator_deleted_mid_recovery_converges(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
+                                                 all_gather: str) -> None:
+    name = all_gather
+    (old_operator,) = _operator_pods(kube_node, operator)
+    signal_container(kube_node, kube.pods(name)[f"{name}-w1-1"], "SIGKILL")
+    kubectl(kube_node, "delete", "pod", old_operator.metadata.name, "-n", operator.namespace, "--wait=false")
+    new_operator = wait_for(
+        "a new operator pod Ready",
+        lambda: (p := _ready_operator_pod(kube_node, operator)) and p.metadata.uid != old_operator.metadata.uid and p,
+        WAIT_S,
+    )
+    assert new_operator is not None
+    status = _wait_running(kube, name, {"world1": 2, "world2": 1})
+    assert status["worlds"]["world1"]["restarts"] == 1  # type: ignore[index]
+    with kube_node.api_client() as api:
+        every = client.CoreV1Api(api).list_namespaced_pod(operator.apps).items
+    members = sorted(_member(name, p.metadata.name) for p in every if p.metadata.deletion_timestamp is None)
+    assert members == ["leader-0", "w1-0", "w1-1", "w2-0", "w2-1"], members
+
+
+def test_operator_liveness_probe_passes(kube_node: Cluster, operator: Operator) -> None:
+    """Last: the operator pod has run long enough for a failing probe to have restarted it."""
+    pod = wait_for("the operator pod", lambda: _ready_operator_pod(kube_node, operator), WAIT_S)
+    (status,) = pod.status.container_statuses
+    started = status.state.running.started_at.timestamp()
+    time.sleep(max(0.0, started + LIVENESS_PROVEN_S - time.time()))
+    pod = _ready_operator_pod(kube_node, operator)
+    assert pod is not None
+    (status,) = pod.status.container_statuses
+    assert status.restart_count == 0 and status.ready
+    with kube_node.api_client() as api:
+        events = client.CoreV1Api(api).list_namespaced_event(
+            operator.namespace, field_selector=f"involvedObject.name={pod.metadata.name}").items
+    assert not [e.message for e in events if e.reason == "Unhealthy"]
