@@ -53,14 +53,19 @@ apt_install() {
   fi
 }
 
-# The node (node.py): container runtime, pod network plugins, iptables tools, DNS server.
-NODE_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack dnsmasq-base)
+# The node (node.py): container runtime, pod network plugins, iptables tools, DNS server; and
+# what images.py builds our images with: debootstrap, a Docker engine, zstd.
+NODE_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack dnsmasq-base
+  debootstrap docker.io zstd)
 ensure_node_packages() {
-  if ! command -v containerd >/dev/null 2>&1 || ! command -v dnsmasq >/dev/null 2>&1 \
-      || ! command -v conntrack >/dev/null 2>&1 || [ ! -x /usr/lib/cni/bridge ]; then
-    progress "installing the node's packages from Debian: ${NODE_PACKAGES[*]}"
-    apt_install "${NODE_PACKAGES[@]}"
-  fi
+  local program
+  for program in containerd runc dnsmasq conntrack debootstrap dockerd zstd /usr/lib/cni/bridge; do
+    if ! command -v "$program" >/dev/null 2>&1; then
+      progress "installing the node's and the image build's packages from Debian: ${NODE_PACKAGES[*]}"
+      apt_install "${NODE_PACKAGES[@]}"
+      return
+    fi
+  done
 }
 
 ensure_etcd() {

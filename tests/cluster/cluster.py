@@ -8,7 +8,7 @@ status. With a node it serves on the host's address, which pods reach; one node 
 
     python tests/cluster/cluster.py up     # start in .cluster/, write .cluster/kubeconfig
     python tests/cluster/cluster.py up --nodes 0   # the control plane alone
-    python tests/cluster/cluster.py env    # print `export KUBECONFIG=...`
+    python tests/cluster/cluster.py env    # print `export KUBECONFIG=...` and PATH with kubectl
     python tests/cluster/cluster.py down   # stop (apiserver before etcd)
     python tests/cluster/cluster.py binaries  # resolve or build the binaries, print their paths
 
@@ -501,6 +501,11 @@ class Cluster:
 
     # ---- clients ------------------------------------------------------------------------------
 
+    def shell_env(self) -> str:
+        """What `eval "$(cluster.py up)"` sets: KUBECONFIG, and PATH with our kubectl first."""
+        kubectl = NodeBinaries.in_folder(build_binaries()).kubectl
+        return f'export KUBECONFIG={self.kubeconfig}\nexport PATH="{kubectl.parent}:$PATH"'
+
     def api_client(self) -> ApiClient:
         """A kubernetes.client.ApiClient acting as the admin user (system:masters)."""
         return api_client_for(self.kubeconfig)
@@ -594,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 cluster.stop()  # whatever survived of a broken earlier cluster
                 cluster.start(find_binaries(), detach=True, nodes=args.nodes)
-            print(f"export KUBECONFIG={cluster.kubeconfig}")
+            print(cluster.shell_env())
         elif args.command == "down":
             cluster.stop()
             cluster.kubeconfig.unlink(missing_ok=True)
@@ -602,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "env":
             if not cluster.running_components():
                 raise ClusterError(f"no cluster runs in {cluster.directory}; run `make cluster`")
-            print(f"export KUBECONFIG={cluster.kubeconfig}")
+            print(cluster.shell_env())
     except (ClusterError, NodeError) as error:
         log.error("%s", error)
         return 1

@@ -47,6 +47,8 @@ log = logging.getLogger("multiworld.test_images")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 IMAGES = ("multiworld/operator:dev", "multiworld/worker:dev")
+# Where the chart's and the examples' default images live (their tag is the project's version).
+PUBLISHED_REGISTRY = "ghcr.io"
 TARGETS = {"multiworld/operator:dev": "operator", "multiworld/worker:dev": "worker"}
 
 SUITE = "bookworm"
@@ -518,12 +520,29 @@ def containerd_image_ids(address: str) -> dict[str, str]:
 
 
 def load_images(containerd_address: str) -> None:
-    """Import the images into containerd's k8s.io namespace unless it holds them already."""
+    """Import the images into containerd's k8s.io namespace unless it holds them already; also
+    name them as the chart's and the examples' defaults do (ghcr.io/multiworld/...:<version>),
+    so that `helm install` and `kubectl apply -f examples/...` run them here unchanged."""
     archive = ensure_image_archive()
     wanted = archive_image_ids(archive)
     if containerd_image_ids(containerd_address) == wanted:
         log.info("containerd at %s already holds both images", containerd_address)
-        return
+    else:
+        _import(archive, containerd_address, wanted)
+    for name in IMAGES:
+        published = f"{PUBLISHED_REGISTRY}/{name.split(':')[0]}:{_project_version()}"
+        subprocess.run(_ctr(containerd_address, "images", "tag", "--force", f"docker.io/{name}", published),
+                       capture_output=True, check=True)  # fmt: skip
+
+
+def _project_version() -> str:
+    for line in (REPO_ROOT / "pyproject.toml").read_text().splitlines():
+        if line.startswith("version = "):
+            return line.split('"')[1]
+    raise ImageError("pyproject.toml names no version")
+
+
+def _import(archive: Path, containerd_address: str, wanted: dict[str, str]) -> None:
     started = time.monotonic()
     log.info("importing %s into containerd (1-2 minutes)", archive.name)
     with tempfile.NamedTemporaryFile(prefix="mw-ctr-import-", suffix=".log") as log_file:

@@ -10,17 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import helm_python as helm
 import multiworld_test_cluster as cluster_module  # registered by conftest.py
+import operator_release  # tests/cluster/, on the path once cluster.py is loaded
 import yaml
 from kubernetes import client
 from multiworld_test_cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
-CHART_DIR = REPO / "charts" / "multiworld-operator"
-OPERATOR_IMAGE = ("multiworld/operator", "dev")
 WORKER_IMAGE = "multiworld/worker:dev"
-HELM_TIMEOUT_S = 180
 # Generous: two CPU cores run the control plane, the node and every pod.
 WAIT_S = 180.0
 
@@ -39,19 +36,7 @@ def install_operator(cluster: Cluster) -> Operator:
     worker ServiceAccount goes to a namespace of its own, where the tests apply MultiWorlds."""
     suffix = uuid.uuid4().hex[:6]
     namespace, apps, release = f"multiworld-{suffix}", f"apps-{suffix}", f"mw-{suffix}"
-    with cluster.api_client() as api:
-        core = client.CoreV1Api(api)
-        for name in (namespace, apps):
-            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    repository, tag = OPERATOR_IMAGE
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "workers": {"namespaces": [apps]},
-        "logLevel": "INFO",
-    }
-    with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=namespace) as config:
-        installed = config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
-    assert installed["status"] == "deployed", installed
+    operator_release.install(cluster.kubeconfig, namespace, release, [apps])
     return Operator(namespace, f"{release}-multiworld-operator", apps)
 
 

@@ -1,12 +1,15 @@
-"""The test control plane itself: it answers, stores objects, collects garbage, enforces RBAC."""
+"""The test cluster itself: the control plane answers, stores objects, collects garbage, enforces
+RBAC; the real node runs pods with cluster DNS and in-cluster API access; `down` cleans up."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import multiworld_test_cluster as cluster_module  # registered by conftest.py
+import multiworld_test_images as images_module  # registered by conftest.py
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -122,30 +125,121 @@ def test_serviceaccount_gets_only_what_rbac_grants(kube_cluster: Cluster, namesp
             assert denied.value.status == 403
 
 
-def test_cli_up_and_down_leave_no_process(tmp_path: Path) -> None:
-    """`cluster.py up` detaches a working cluster; `down` stops every process it started."""
+# Run in a pod of the worker image: cluster DNS for a headless Service's pod record (the short
+# form a pod uses and the full name) and for the `kubernetes` Service, and the in-cluster client
+# authenticated as the pod's ServiceAccount (which may list pods, and nothing else).
+PROBE = """
+import json, os, socket
+from kubernetes import client, config
+config.load_incluster_config()
+namespace = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
+names = ["probe.peers", f"probe.peers.{namespace}.svc.cluster.local", "kubernetes.default.svc"]
+print(json.dumps({"resolved": {name: socket.gethostbyname(name) for name in names},
+                  "pods": [p.metadata.name for p in client.CoreV1Api().list_namespaced_pod(namespace).items]}))
+"""
+
+
+def _pod_probe(cluster: Cluster, namespace: str) -> dict[str, object]:
+    """Run PROBE in a pod named `probe` (hostname `probe`, subdomain `peers`) and read its output."""
+    with cluster.api_client() as api:
+        core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+        cluster_module.wait_for("the default ServiceAccount", lambda: core.list_namespaced_service_account(namespace).items, 60)
+        rbac.create_namespaced_role(namespace, {"metadata": {"name": "list-pods"},
+                                                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
+        rbac.create_namespaced_role_binding(namespace, {
+            "metadata": {"name": "list-pods"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-pods"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}]})
+        core.create_namespaced_service(namespace, {
+            "metadata": {"name": "peers"},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"app": "probe"}}})
+        core.create_namespaced_pod(namespace, {
+            "metadata": {"name": "probe", "labels": {"app": "probe"}},
+            "spec": {"hostname": "probe", "subdomain": "peers", "restartPolicy": "Never", "containers": [{
+                "name": "probe", "image": "multiworld/worker:dev", "imagePullPolicy": "Never",
+                "command": ["python", "-c", PROBE]}]}})
+        phase = cluster_module.wait_for("the probe pod to end", lambda: core.read_namespaced_pod("probe", namespace)
+                                        .status.phase in ("Succeeded", "Failed") and core.read_namespaced_pod(
+                                            "probe", namespace).status.phase, 180)
+        log = core.read_namespaced_pod_log("probe", namespace)
+        assert phase == "Succeeded", log
+        result = json.loads(log.strip().splitlines()[-1])
+        result["ip"] = core.read_namespaced_pod("probe", namespace).status.pod_ip
+        return result
+
+
+def _host_traces(directory: Path) -> dict[str, list[str]]:
+    """What a node leaves on the host: processes and mounts of its folder, the pod bridge, and
+    iptables chains of kubelet, kube-proxy and the CNI plugins."""
+    processes = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(directory) in cmdline and _running(int(entry.name)):
+            processes.append(cmdline.replace("\0", " "))
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if str(directory) in line.split()[4] or "/run/netns/cni-" in line.split()[4]]
+    links = subprocess.run(["ip", "-o", "link", "show", "cni0"], capture_output=True, text=True).stdout.splitlines()
+    chains = [line for tool in ("iptables-save", "ip6tables-save")
+              for line in subprocess.run([tool], capture_output=True, text=True).stdout.splitlines()
+              if line.startswith((":KUBE-", ":CNI-"))]
+    return {"processes": processes, "mounts": mounts, "links": links, "chains": chains}
+
+
+@pytest.mark.timeout(900)
+def test_cli_up_runs_a_real_node_and_down_leaves_nothing(tmp_path: Path) -> None:
+    """`cluster.py up` detaches a cluster with a Ready node whose pods get cluster DNS and reach
+    the API as their ServiceAccount; `down` leaves no process, mount, bridge or iptables chain."""
     directory = tmp_path / "cli-cluster"
 
-    def cli(command: str) -> subprocess.CompletedProcess[str]:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, str(CLUSTER_SCRIPT), command, "--dir", str(directory)],
+            [sys.executable, str(CLUSTER_SCRIPT), *args, "--dir", str(directory)],
             capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
 
     up = cli("up")
     try:
         assert up.returncode == 0, up.stderr
-        assert up.stdout.strip() == f"export KUBECONFIG={directory / 'kubeconfig'}"
-        pids = {pid_file.stem: int(pid_file.read_text()) for pid_file in directory.glob("*.pid")}
-        assert {"etcd", "kube-apiserver"} <= pids.keys()
-        with cluster_module.api_client_for(directory / "kubeconfig") as api:
-            assert client.VersionApi(api).get_code().major == "1"
+        kubeconfig, path = up.stdout.strip().splitlines()
+        assert kubeconfig == f"export KUBECONFIG={directory / 'kubeconfig'}"
+        kubectl = cluster_module.find_binaries().node().kubectl
+        assert path == f'export PATH="{kubectl.parent}:$PATH"', up.stdout
+        pids = {f.stem: int(f.read_text().split()[0]) for f in directory.glob("*.pid")}
+        assert {"etcd", "kube-apiserver", "kubelet", "containerd", "dnsmasq"} <= pids.keys()
+        cluster = Cluster(directory)
+        nodes = subprocess.run([str(kubectl), f"--kubeconfig={cluster.kubeconfig}",
+                                "get", "nodes", "--no-headers"], capture_output=True, text=True, check=True).stdout
+        assert nodes.split()[:2] == ["multiworld-node", "Ready"], nodes
+        images_module.load_images(str(cluster.node.socket))
+        probe = _pod_probe(cluster, "probe-test")
+        assert set(probe["resolved"].values()) == {probe["ip"], cluster_module.SERVICE_CLUSTER_IP}, probe
+        assert probe["resolved"]["probe.peers"] == probe["ip"]
+        assert probe["pods"] == ["probe"]
     finally:
         down = cli("down")
     assert down.returncode == 0, down.stderr
     assert not [name for name, pid in pids.items() if _running(pid)]
+    assert _host_traces(directory) == {"processes": [], "mounts": [], "links": [], "chains": []}
     assert not list(directory.glob("*.pid"))
     assert cli("env").returncode != 0
+
+
+def test_cli_up_without_nodes_serves_the_control_plane_alone(tmp_path: Path) -> None:
+    directory = tmp_path / "cli-control-plane"
+    argv = [sys.executable, str(CLUSTER_SCRIPT)]
+    up = subprocess.run([*argv, "up", "--nodes", "0", "--dir", str(directory)], capture_output=True, text=True,
+                        timeout=600, check=False)  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        assert {f.stem for f in directory.glob("*.pid")} == {"etcd", "kube-apiserver", "kube-controller-manager"}
+    finally:
+        down = subprocess.run([*argv, "down", "--dir", str(directory)], capture_output=True, text=True, check=False)
+    assert down.returncode == 0, down.stderr
+    assert not list(directory.glob("*.pid"))
 
 
 def test_missing_asset_named_in_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,11 +74,15 @@ def _apply(cluster: Cluster, operator: Operator, tmp_path: Path, name: str, exam
 @pytest.fixture
 def all_gather(kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path,
                request: pytest.FixtureRequest) -> Iterator[str]:
-    """examples/all_gather applied under the test's own name, Running with both worlds at epoch 1;
-    deleted afterwards (and its pods gone, so the next test has the node's cores)."""
+    """examples/all_gather applied under the test's own name, Running with both worlds at epoch 1
+    and the leader stepping in both (its log shows them); deleted afterwards (and its pods gone, so the next test has the node's cores)."""
     name = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
     _apply(kube_node, operator, tmp_path, name)
     _wait_running(kube, name, {"world1": 1, "world2": 1})
+    # Stepping in both worlds: a failure now breaks worlds in use (before its first step, the
+    # leader would take world1 up at its new epoch without ever seeing it break).
+    for world in ("world1", "world2"):
+        _wait_log(kube_node, operator, f"{name}-leader-0", f"rank: 0 from {world} has gathered tensors: ")
     yield name
     kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
     wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
@@ -133,9 +137,6 @@ def test_all_gather_runs_on_the_node(kube_node: Cluster, operator: Operator, kub
     pods = kube.pods(name)
     assert {_member(name, p) for p in pods} == {"leader-0", "w1-0", "w1-1", "w2-0", "w2-1"}
     assert all(p.status.phase == "Running" and p.spec.node_name == "multiworld-node" for p in pods.values())
-    leader = f"{name}-leader-0"
-    for world in ("world1", "world2"):
-        _wait_log(kube_node, operator, leader, f"rank: 0 from {world} has gathered tensors: ")
     row = kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "--no-headers").split()
     assert row[:3] == [name, "Running", "2/2"], row
 
@@ -176,8 +177,9 @@ def test_killed_worker_costs_only_its_world(kube_node: Cluster, operator: Operat
     _kill_and_check(kube_node, operator, kube, name, "w1-0", "kubectl delete", epoch=3)
     _assert_world2_untouched(kube_node, operator, kube, name)
     described = kubectl(kube_node, "describe", "mw", name, "-n", operator.apps)
-    for reason in ("WorldFailed", "WorldRestarting", "WorldRecovered"):
-        assert reason in described, described
+    events = described[described.index("Events:"):]
+    assert events.count("WorldFailed") == 2 and events.count("WorldRecovered") == 2, events
+    assert f"pod {name}-w1-0 (rank 1) was deleted; restarting at epoch 3" in events, events
     status = kube.status(name)
     assert status["worlds"]["world1"]["restarts"] == 2 and status["worlds"]["world2"]["restarts"] == 0
     node_outcome = {w: (s["phase"], s["epoch"]) for w, s in status["worlds"].items()}

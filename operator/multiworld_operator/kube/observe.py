@@ -77,6 +77,7 @@ class ObservedPods(BaseModel):
     reports: list[BrokenWorldReport] = Field(default_factory=list)
     # Every pod name taken now (ours or not, terminating or not) -> that pod's uid.
     present: dict[str, str] = Field(default_factory=dict)
+    # Our pods being deleted (with a grace period: a pod deleted at once is gone).
     terminating: set[str] = Field(default_factory=set)
 
 
@@ -86,12 +87,11 @@ def observe_pods(items: list[Mapping[str, Any]], owner_uid: str) -> ObservedPods
         pod = KubePod.model_validate(item)
         meta = pod.metadata
         seen.present[meta.name] = meta.uid
-        if meta.deletion_timestamp is not None:
-            seen.terminating.add(meta.name)
         if not pod.owned_by(owner_uid):
             continue
         seen.reports += _reports(meta)
         if meta.deletion_timestamp is not None:
+            seen.terminating.add(meta.name)
             continue
         seen.pods.append(PodObservation(
             name=meta.name,

@@ -103,8 +103,13 @@ class Reconciler:
         await self._store(result.status)
         failures = []
         for create in result.creates:
+            if create.pod in seen.terminating:
+                # Deleted with a grace period (`kubectl delete pod`): its worlds failed already
+                # and its replacement needs the name, so the rest of that period is cut short.
+                log.info("%s/%s: deleting pod %s at once (replaced)", self.namespace, self.name, create.pod)
+                await self.api.delete_pod(self.namespace, create.pod, seen.present[create.pod])
             if create.pod in seen.present:
-                continue  # still terminating (or an older MultiWorld's): created once it is gone
+                continue  # created once the old instance (or an older MultiWorld's pod) is gone
             try:
                 await self.api.create_pod(self.namespace, pod_body(create, body))
             except ApiException as error:

@@ -1,0 +1,280 @@
+"""Recovery on a real node: a world1 worker of the all_gather example killed through the
+container runtime, until world1 runs again; beside it, the single_world example's whole-group
+restart (what LeaderWorkerSet and JobSet do by default) and what the unaffected world saw.
+
+Runs against a cluster with a node: its own, started in a temp dir (tests/cluster/cluster.py,
+images from tests/cluster/images.py, the chart with the operator image), or a running one given
+with --cluster (`make cluster`'s .cluster, or a test session's).
+
+Clocks (wall time; the node, the workers and this process share the machine's clock):
+- node_recovery_s: starts just before the SIGKILL is sent to the container (containerd's
+  `tasks kill`) and stops at the last `joined_at` of world1's new epoch among its ranks, as each
+  worker's runtime records it (its status annotation). Each kill takes the other worker of
+  world1, after the previous recovery completed; the first restart has no backoff
+  (`initialDelay: 0s`).
+- breakdown_s, for the replaced rank that joined last: operator = kill -> its replacement Pod
+  seen by a watch; schedule = -> the Pod seen bound to the node; container_start = -> the
+  container's process started (its start time in /proc); import = -> the program ready, its
+  imports done (the worker's `started`); rendezvous = -> joined the new epoch.
+- whole_restart_s: the same clock for single_world (one plain torch world of 3 ranks): a dead
+  worker fails the world, so every pod of it is recreated.
+- unaffected: errors = world2 errors counted by its members' runtimes over the whole run;
+  worst_gap_ratio = the longest gap between world2's steps (w2-0's log, kubelet timestamps)
+  while world1 recovered, over the median gap.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import _common as common
+from kubernetes import client, watch
+
+from multiworld.contract import STATUS_ANNOTATION, WorkerStatus
+
+T = TypeVar("T")
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    """A module of tests/ (not a package) by its path, registered under `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+cluster_module = _load("multiworld_test_cluster", common.REPO / "tests" / "cluster" / "cluster.py")
+images = _load("multiworld_test_images", common.REPO / "tests" / "cluster" / "images.py")
+support = _load("node_support", common.REPO / "tests" / "kube" / "node_support.py")
+
+STAGES = ("operator", "schedule", "container_start", "import", "rendezvous")
+INTERVAL_S = 0.5
+WAIT_S = 300.0
+
+
+def parse_args(argv: list[str] | None) -> Any:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--kills", type=common.positive(int), default=None,
+                   help="kills per example (default 5; 2 with --quick)")
+    p.add_argument("--cluster", type=Path, help="a running cluster's folder (with a node) instead of a new one")
+    args = p.parse_args(argv)
+    args.kills = args.kills or (2 if args.quick else 5)
+    return args
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
+    return cluster_module.wait_for(what, probe, timeout)
+
+
+@dataclass
+class PodTimes:
+    """When this process's watch first saw a pod instance, and saw it bound to the node."""
+
+    seen: dict[str, float] = field(default_factory=dict)
+    scheduled: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def watching_pods(core: client.CoreV1Api, namespace: str) -> Iterator[PodTimes]:
+    times = PodTimes()
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            for event in watch.Watch().stream(core.list_namespaced_pod, namespace, timeout_seconds=5):
+                now = time.time()
+                pod = event["object"]
+                times.seen.setdefault(pod.metadata.uid, now)
+                if pod.spec.node_name:
+                    times.scheduled.setdefault(pod.metadata.uid, now)
+                if stop.is_set():
+                    return
+
+    thread = threading.Thread(target=run, name="pod watch", daemon=True)
+    thread.start()
+    try:
+        yield times
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def statuses(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, tuple[client.V1Pod, WorkerStatus | None]]:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"multiworld.io/name={name}").items
+    found = {}
+    for pod in pods:
+        if pod.metadata.deletion_timestamp is not None:
+            continue
+        raw = (pod.metadata.annotations or {}).get(STATUS_ANNOTATION)
+        found[pod.metadata.name] = (pod, WorkerStatus.model_validate_json(raw) if raw else None)
+    return found
+
+
+def process_start(cluster: Any, pod: client.V1Pod) -> float:
+    """Wall-clock start of the container's process: its /proc start time (in clock ticks since
+    boot), placed on the wall clock through CLOCK_BOOTTIME."""
+    container = support.container_id(pod)
+    for line in cluster.node.ctr(["tasks", "ls"], "listing tasks").splitlines()[1:]:
+        words = line.split()
+        if words and words[0] == container:
+            ticks = int(Path(f"/proc/{words[1]}/stat").read_text().rsplit(")", 1)[1].split()[19])
+            since_boot = ticks / os.sysconf("SC_CLK_TCK")
+            return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+    raise RuntimeError(f"no task for {pod.metadata.name}'s container {container}")
+
+
+@dataclass
+class Recovery:
+    seconds: float
+    breakdown: dict[str, float]
+    window: tuple[float, float]
+
+
+def kill_and_time(cluster: Any, core: client.CoreV1Api, namespace: str, name: str, world: str,
+                  victim: str, times: PodTimes) -> Recovery:
+    before = statuses(core, namespace, name)
+    epoch = max(s.joined.get(world, 0) for _, s in before.values() if s is not None) + 1
+    pod, _ = before[f"{name}-{victim}"]
+    started = time.time()
+    support.signal_container(cluster, pod, "SIGKILL")
+
+    custom = client.CustomObjectsApi(core.api_client)
+
+    def rejoined() -> dict[str, tuple[client.V1Pod, WorkerStatus]] | None:
+        """Every rank of the world's table entry joined at the new epoch."""
+        table = (custom.get_namespaced_custom_object("multiworld.io", "v1alpha1", namespace, "multiworlds", name)
+                 .get("status", {}).get("table", {}))  # fmt: skip
+        entry = next((w for w in table.get("worlds", []) if w["name"] == world and w["epoch"] == epoch), None)
+        if entry is None:
+            return None
+        now = statuses(core, namespace, name)
+        ranks = {p: now.get(p, (None, None)) for p in entry["pods"]}
+        if all(s is not None and s.joined.get(world) == epoch for _, s in ranks.values()):
+            return ranks  # type: ignore[return-value]
+        return None
+
+    members = wait_for(f"{world} of {name} back at epoch {epoch}", rejoined)
+    joined = {p: s.joined_at[world].timestamp() for p, (_, s) in members.items()}
+    end = max(joined.values())
+    replaced = [p for p, (pod, _) in members.items() if p not in before or before[p][0].metadata.uid != pod.metadata.uid]
+    last = max(replaced, key=joined.__getitem__)
+    pod, status = members[last]
+    uid = pod.metadata.uid
+    assert status.started is not None
+    marks = [started, times.seen[uid], times.scheduled[uid], process_start(cluster, pod), status.started.timestamp(), end]
+    breakdown = {stage: max(0.0, b - a) for stage, a, b in zip(STAGES, marks, marks[1:])}
+    return Recovery(end - started, breakdown, (started, end))
+
+
+def step_times(core: client.CoreV1Api, namespace: str, pod: str, line: str) -> list[float]:
+    text = core.read_namespaced_pod_log(pod, namespace, timestamps=True)
+    stamps = []
+    for entry in text.splitlines():
+        stamp, _, message = entry.partition(" ")
+        if line in message:
+            stamps.append(datetime.fromisoformat(stamp[:26] + "+00:00").timestamp())
+    return stamps
+
+
+def run_example(cluster: Any, core: client.CoreV1Api, operator: Any, workdir: Path, example: str, name: str,
+                world: str, victims: list[str], kills: int, times: PodTimes) -> list[Recovery]:
+    path = support.example_manifest(example, name, workdir, interval=INTERVAL_S)
+    support.kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
+    wait_for(f"every rank of {name} joined", lambda: (s := statuses(core, operator.apps, name)) and len(s) >= 3
+             and all(st is not None and st.joined for _, st in s.values()))  # fmt: skip
+    recoveries = []
+    for kill in range(kills):
+        recovery = kill_and_time(cluster, core, operator.apps, name, world, victims[kill % len(victims)], times)
+        common.emit("recovered", example=example, seconds=round(recovery.seconds, 3))
+        recoveries.append(recovery)
+    return recoveries
+
+
+def delete_example(cluster: Any, core: client.CoreV1Api, namespace: str, name: str) -> None:
+    support.kubectl(cluster, "delete", "mw", name, "-n", namespace, "--wait=false")
+    wait_for(f"the pods of {name} gone", lambda: not statuses(core, namespace, name) or None)
+
+
+@contextmanager
+def node_cluster(given: Path | None) -> Iterator[Any]:
+    if given is not None:
+        cluster = cluster_module.Cluster(given)
+        if "kubelet" not in cluster.running_components():
+            raise SystemExit(f"--cluster {given}: no node runs there (`make cluster` starts one)")
+        images.load_images(str(cluster.node.socket))
+        yield cluster
+        return
+    with tempfile.TemporaryDirectory(prefix="mw-bench-node-") as folder:
+        cluster = cluster_module.Cluster(Path(folder))
+        cluster.start(cluster_module.find_binaries(), detach=False, nodes=1)
+        try:
+            images.load_images(str(cluster.node.socket))
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_at_start = common.machine_load()
+    with node_cluster(args.cluster) as cluster, tempfile.TemporaryDirectory(prefix="mw-bench-") as scratch, \
+            cluster.api_client() as api:
+        core = client.CoreV1Api(api)
+        operator = support.install_operator(cluster)
+        with watching_pods(core, operator.apps) as times:
+            multi = run_example(cluster, core, operator, Path(scratch), "all_gather", "bench-all-gather", "world1",
+                                ["w1-1", "w1-0"], args.kills, times)
+            errors = sum(s.errors.get("world2", 0) for _, s in statuses(core, operator.apps, "bench-all-gather").values()
+                         if s is not None)  # fmt: skip
+            steps = step_times(core, operator.apps, "bench-all-gather-w2-0", "from world2 has gathered tensors")
+            delete_example(cluster, core, operator.apps, "bench-all-gather")
+            whole = run_example(cluster, core, operator, Path(scratch), "single_world", "bench-single-world", "world",
+                                ["workers-1", "workers-0"], args.kills, times)
+            delete_example(cluster, core, operator.apps, "bench-single-world")
+    median_gap = statistics.median(common.gaps(steps))
+    worst, _ = common.worst_gap_in(steps, [r.window for r in multi])
+    recovery = common.Spread.of(r.seconds for r in multi)
+    restart = common.Spread.of(r.seconds for r in whole)
+    breakdown = {stage: statistics.median(r.breakdown[stage] for r in multi) for stage in STAGES}
+    results = {
+        "node_recovery_s": recovery.as_dict(),
+        "breakdown_s": breakdown,
+        "whole_restart_s": restart.as_dict(),
+        "unaffected": {"errors": errors, "worst_gap_ratio": worst / median_gap},
+    }
+    rows = [[f"{label} (n={n})", common.fmt_s(s.min), common.fmt_s(s.median), common.fmt_s(s.max)]
+            for label, s, n in (("all_gather: world1 back", recovery, len(multi)),
+                                ("single_world: every rank back", restart, len(whole)))]  # fmt: skip
+    common.report(
+        "recovery on a real node (kill through containerd -> every rank joined the new epoch)",
+        load_at_start,
+        [common.table(["recovery", "min", "median", "max"], rows),
+         common.table(["stage (median, last rank to join)", "seconds"],
+                      [[stage, f"{breakdown[stage]:.3f}"] for stage in STAGES]),
+         f"world2 while world1 recovered: {errors} errors; worst step gap {worst:.2f} s "
+         f"= {worst / median_gap:.2f}x the median gap ({median_gap:.2f} s)"],
+        [common.Target("world2 errors while world1 recovered", errors, 0),
+         common.Target("world1 back, median, vs the whole-group restart", recovery.median / restart.median, 1.0, "x")],
+    )
+    if args.json:
+        common.json_line(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
