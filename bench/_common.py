@@ -4,6 +4,7 @@ final JSON line. No torch here: the coordinating process of a bench never needs 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -17,9 +18,21 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load_test_module(name: str, path: str) -> ModuleType:
+    """A module of tests/ (not a package) by its path under the repo, registered as `name` (the
+    name the other tests/ modules import it by)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 # Members share two cores with everything else: one compute thread each keeps them from
 # fighting over the cores more than the benchmark itself makes them.

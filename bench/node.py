@@ -25,7 +25,6 @@ Clocks (wall time; the node, the workers and this process share the machine's cl
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import sys
@@ -37,7 +36,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 import _common as common
@@ -48,19 +46,9 @@ from multiworld.contract import STATUS_ANNOTATION, WorkerStatus
 T = TypeVar("T")
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    """A module of tests/ (not a package) by its path, registered under `name`."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cluster_module = _load("multiworld_test_cluster", common.REPO / "tests" / "cluster" / "cluster.py")
-images = _load("multiworld_test_images", common.REPO / "tests" / "cluster" / "images.py")
-support = _load("node_support", common.REPO / "tests" / "kube" / "node_support.py")
+cluster_module = common.load_test_module("multiworld_test_cluster", "tests/cluster/cluster.py")
+images = common.load_test_module("multiworld_test_images", "tests/cluster/images.py")
+support = common.load_test_module("node_support", "tests/kube/node_support.py")
 
 STAGES = ("operator", "schedule", "container_start", "import", "rendezvous")
 INTERVAL_S = 0.5

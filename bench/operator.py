@@ -23,7 +23,6 @@ its own writes.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import statistics
@@ -35,7 +34,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 import _common as common
@@ -47,19 +45,9 @@ from kubernetes.client.rest import ApiException
 T = TypeVar("T")
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    """A module of tests/ (not a package) by its path, registered under `name`."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 # operator_support imports the cluster module under this name (tests/kube/conftest.py does the same).
-cluster_module = _load("multiworld_test_cluster", common.REPO / "tests" / "cluster" / "cluster.py")
-support = _load("operator_support", common.REPO / "tests" / "kube" / "operator_support.py")
+cluster_module = common.load_test_module("multiworld_test_cluster", "tests/cluster/cluster.py")
+support = common.load_test_module("operator_support", "tests/kube/operator_support.py")
 
 WORLD_COUNTS = (2, 16, 128)
 REACT_WORLDS = 2
