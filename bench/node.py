@@ -188,7 +188,7 @@ def run_example(cluster: Any, core: client.CoreV1Api, operator: Any, workdir: Pa
     recoveries = []
     for kill in range(kills):
         recovery = kill_and_time(cluster, core, operator.apps, name, world, victims[kill % len(victims)], times)
-        common.emit("recovered", example=example, seconds=round(recovery.seconds, 3))
+        print(f"{example}: kill {kill + 1}/{kills}: every rank back in {recovery.seconds:.2f} s", file=sys.stderr, flush=True)
         recoveries.append(recovery)
     return recoveries
 

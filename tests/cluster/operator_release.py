@@ -27,10 +27,12 @@ OPERATOR_IMAGE = {"repository": "multiworld/operator", "tag": "dev", "pullPolicy
 HELM_TIMEOUT_S = 180
 
 
-def install(kubeconfig: Path, namespace: str, release: str, worker_namespaces: Sequence[str]) -> dict[str, Any]:
+def install(kubeconfig: Path, namespace: str, release: str, worker_namespaces: Sequence[str],
+            *, watch_only_those: bool = False) -> dict[str, Any]:
     """Create the namespaces that are missing, then `helm install` the chart: the operator's
     Deployment (image multiworld/operator:dev, never pulled) in `namespace`, the worker
-    ServiceAccount in each of `worker_namespaces`."""
+    ServiceAccount in each of `worker_namespaces`; the operator watches every namespace, or
+    with `watch_only_those` only those (so that several releases share a cluster)."""
     with config.new_client_from_config(config_file=str(kubeconfig)) as api:
         core = client.CoreV1Api(api)
         for name in (namespace, *worker_namespaces):
@@ -39,7 +41,9 @@ def install(kubeconfig: Path, namespace: str, release: str, worker_namespaces: S
             except ApiException as error:
                 if error.status != 409:
                     raise
-    values = {"image": OPERATOR_IMAGE, "workers": {"namespaces": list(worker_namespaces)}}
+    values: dict[str, Any] = {"image": OPERATOR_IMAGE, "workers": {"namespaces": list(worker_namespaces)}}
+    if watch_only_those:
+        values["watchNamespaces"] = list(worker_namespaces)
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as helm_config:
         installed: dict[str, Any] = helm_config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
     if installed["status"] != "deployed":

@@ -32,11 +32,12 @@ class Operator:
 
 
 def install_operator(cluster: Cluster) -> Operator:
-    """`helm install` of the chart with the operator image built from our Dockerfile; the
-    worker ServiceAccount goes to a namespace of its own, where the tests apply MultiWorlds."""
+    """`helm install` of the chart with the operator image built from our Dockerfile, watching
+    only a namespace of its own (where the worker ServiceAccount goes and MultiWorlds are
+    applied), so that a bench's release and the tests' share the node."""
     suffix = uuid.uuid4().hex[:6]
     namespace, apps, release = f"multiworld-{suffix}", f"apps-{suffix}", f"mw-{suffix}"
-    operator_release.install(cluster.kubeconfig, namespace, release, [apps])
+    operator_release.install(cluster.kubeconfig, namespace, release, [apps], watch_only_those=True)
     return Operator(namespace, f"{release}-multiworld-operator", apps)
 
 

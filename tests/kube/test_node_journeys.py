@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXCLUSIVE = {"world1": ("w1-0", "w1-1"), "world2": ("w2-0", "w2-1")}
 # The chart's liveness probe: initialDelaySeconds + failureThreshold x periodSeconds, and a tick.
 LIVENESS_PROVEN_S = 10 + 3 * 20 + 5
+BENCH_RUN_S = 600
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +242,24 @@ def test_operator_deleted_mid_recovery_converges(kube_node: Cluster, operator: O
         every = client.CoreV1Api(api).list_namespaced_pod(operator.apps).items
     members = sorted(_member(name, p.metadata.name) for p in every if p.metadata.deletion_timestamp is None)
     assert members == ["leader-0", "w1-0", "w1-1", "w2-0", "w2-1"], members
+
+
+@pytest.mark.timeout(BENCH_RUN_S + 60)
+def test_node_bench_reports_recovery_and_its_breakdown(kube_node: Cluster) -> None:
+    """bench/node.py --quick on this node: every figure of its documented JSON shape. Its
+    figures are the bench's business: no speed is asserted here."""
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "node.py"), "--quick", "--json",
+                             "--cluster", str(kube_node.directory)],
+                            capture_output=True, text=True, timeout=BENCH_RUN_S, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(figures) == {"node_recovery_s", "breakdown_s", "whole_restart_s", "unaffected"}
+    for spread in ("node_recovery_s", "whole_restart_s"):
+        low, middle, high = (figures[spread][k] for k in ("min", "median", "max"))
+        assert 0 < low <= middle <= high, figures
+    assert set(figures["breakdown_s"]) == {"operator", "schedule", "container_start", "import", "rendezvous"}
+    assert all(v >= 0 for v in figures["breakdown_s"].values()), figures
+    assert figures["unaffected"]["errors"] == 0 and figures["unaffected"]["worst_gap_ratio"] > 0, figures
 
 
 def test_operator_liveness_probe_passes(kube_node: Cluster, operator: Operator) -> None:
