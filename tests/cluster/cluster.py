@@ -74,8 +74,6 @@ class Binaries:
     kube_apiserver: Path
     # None when the user supplied an apiserver of their own without a matching controller-manager.
     kube_controller_manager: Path | None
-    # The node's binaries: always the cached build (resolved only when a node is asked for).
-    node: Callable[[], NodeBinaries]
 
 
 def _asset_from_env(variable: str, name: str) -> Path | None:
@@ -115,9 +113,8 @@ def find_binaries() -> Binaries:
     controller_manager = _asset_from_env(
         "TEST_ASSET_KUBE_CONTROLLER_MANAGER", "kube-controller-manager"
     )
-    node = lambda: NodeBinaries.in_folder(build_binaries())  # noqa: E731
     if etcd is not None and apiserver is not None:
-        return Binaries(etcd, apiserver, controller_manager, node)
+        return Binaries(etcd, apiserver, controller_manager)
     built = build_binaries()
     return Binaries(
         etcd=etcd or built / "etcd",
@@ -125,8 +122,12 @@ def find_binaries() -> Binaries:
         # A user-supplied apiserver is not paired with our 1.20 controller-manager.
         kube_controller_manager=controller_manager
         or (built / "kube-controller-manager" if apiserver is None else None),
-        node=node,
     )
+
+
+def find_node_binaries() -> NodeBinaries:
+    """The node's binaries and kubectl: always the cached build (no envtest asset has them)."""
+    return NodeBinaries.in_folder(build_binaries())
 
 
 def free_port() -> int:
@@ -239,7 +240,7 @@ class Cluster:
                     timeout,
                 )
             if nodes:
-                self._start_node(binaries.node(), started, timeout + 120.0)
+                self._start_node(find_node_binaries(), started, timeout + 120.0)
         except BaseException:
             self.stop()
             raise
@@ -503,7 +504,7 @@ class Cluster:
 
     def shell_env(self) -> str:
         """What `eval "$(cluster.py up)"` sets: KUBECONFIG, and PATH with our kubectl first."""
-        kubectl = NodeBinaries.in_folder(build_binaries()).kubectl
+        kubectl = find_node_binaries().kubectl
         return f'export KUBECONFIG={self.kubeconfig}\nexport PATH="{kubectl.parent}:$PATH"'
 
     def api_client(self) -> ApiClient:

@@ -43,7 +43,7 @@ def install_operator(cluster: Cluster) -> Operator:
 
 def kubectl(cluster: Cluster, *args: str, check: bool = True) -> str:
     """Run the real kubectl (built from the same source as the node) as the admin."""
-    binary = cluster_module.find_binaries().node().kubectl
+    binary = cluster_module.find_node_binaries().kubectl
     result = subprocess.run([str(binary), f"--kubeconfig={cluster.kubeconfig}", *args],
                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     if check and result.returncode != 0:

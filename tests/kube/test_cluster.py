@@ -206,7 +206,7 @@ def test_cli_up_runs_a_real_node_and_down_leaves_nothing(tmp_path: Path) -> None
         assert up.returncode == 0, up.stderr
         kubeconfig, path = up.stdout.strip().splitlines()
         assert kubeconfig == f"export KUBECONFIG={directory / 'kubeconfig'}"
-        kubectl = cluster_module.find_binaries().node().kubectl
+        kubectl = cluster_module.find_node_binaries().kubectl
         assert path == f'export PATH="{kubectl.parent}:$PATH"', up.stdout
         pids = {f.stem: int(f.read_text().split()[0]) for f in directory.glob("*.pid")}
         assert {"etcd", "kube-apiserver", "kubelet", "containerd", "dnsmasq"} <= pids.keys()
