@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,9 +133,14 @@ class Node:
     def __init__(self, directory: Path, ip: str) -> None:
         self.directory = directory
         self.ip = ip
-        self.socket = directory / "containerd" / "containerd.sock"
+        # Unix socket paths are limited to about 100 bytes, which a test's temp folder exceeds:
+        # containerd and kubelet (whose root holds sockets) live in a short folder of their own;
+        # the node's folder links to containerd's socket.
+        self.run_dir = Path("/var/lib") / f"multiworld-node-{hashlib.sha256(str(directory).encode()).hexdigest()[:8]}"
+        self.socket = self.run_dir / "containerd.sock"
+        self.socket_link = directory / "containerd" / "containerd.sock"
         self.root = containerd_root()
-        self.kubelet_root = directory / "kubelet"
+        self.kubelet_root = self.run_dir / "kubelet"
         self.dns_dir = directory / "dns"
 
     # ---- start -------------------------------------------------------------------------------
@@ -143,7 +149,7 @@ class Node:
         """Refuse when another folder's node runs; clear what a crashed one left; save sysctls."""
         if MARKER.exists():
             owner = Path(json.loads(MARKER.read_text())["directory"])
-            if owner != self.directory and (owner / "containerd" / "containerd.sock").exists():
+            if owner != self.directory and Node(owner, self.ip).socket.exists():
                 raise NodeError(
                     f"a node already runs on this machine from {owner} (one per machine: it owns "
                     f"{BRIDGE} and the pod network); stop it first (`make cluster-down` for .cluster/)"
@@ -160,10 +166,13 @@ class Node:
                  "--comment", RULE_COMMENT, "-j", "ACCEPT"], "allowing pod traffic")  # fmt: skip
 
     def write_configs(self) -> None:
-        for folder in ("containerd", "cni", "cni-ipam", "kubelet", "dns"):
+        for folder in ("containerd", "cni", "cni-ipam", "dns"):
             (self.directory / folder).mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.directory / "containerd" / "config.toml").write_text(self._containerd_config())
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_link.unlink(missing_ok=True)
+        self.socket_link.symlink_to(self.socket)
         (self.directory / "cni" / "10-multiworld.conflist").write_text(json.dumps(self._cni_config(), indent=2))
         (self.directory / "kubelet-config.json").write_text(json.dumps(self._kubelet_config(), indent=2))
         (self.dns_dir / "hosts").write_text("")
@@ -330,9 +339,10 @@ state = "{self.directory / 'containerd' / 'state'}"
         iptables chains and rules, sysctls. Safe to run twice and after a crash."""
         for pid in _shims(self.socket):
             _kill_tree(pid)
-        _unmount_under([self.directory, self.root, Path("/run/netns"), Path("/var/run/netns")])
+        _unmount_under([self.directory, self.run_dir, self.root, Path("/run/netns"), Path("/var/run/netns")])
         for netns in Path("/run/netns").glob("cni-*"):
             netns.unlink(missing_ok=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
         subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
         for tool in ("iptables", "ip6tables"):
             _remove_rules(tool)

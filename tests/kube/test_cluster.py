@@ -170,23 +170,25 @@ def _pod_probe(cluster: Cluster, namespace: str) -> dict[str, object]:
 
 
 def _host_traces(directory: Path) -> dict[str, list[str]]:
-    """What a node leaves on the host: processes and mounts of its folder, the pod bridge, and
-    iptables chains of kubelet, kube-proxy and the CNI plugins."""
+    """What a node leaves on the host: processes and mounts of its folder (or its socket folder:
+    containerd's shims), the pod bridge, and iptables chains of kubelet, kube-proxy and CNI."""
+    marks = (str(directory), str(Cluster(directory).node.run_dir))
     processes = []
     for entry in Path("/proc").iterdir():
         try:
             cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if entry.name.isdigit() and str(directory) in cmdline and _running(int(entry.name)):
+        if entry.name.isdigit() and any(mark in cmdline for mark in marks) and _running(int(entry.name)):
             processes.append(cmdline.replace("\0", " "))
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if str(directory) in line.split()[4] or "/run/netns/cni-" in line.split()[4]]
+              if any(mark in line.split()[4] for mark in (*marks, "/run/netns/cni-"))]
     links = subprocess.run(["ip", "-o", "link", "show", "cni0"], capture_output=True, text=True).stdout.splitlines()
     chains = [line for tool in ("iptables-save", "ip6tables-save")
               for line in subprocess.run([tool], capture_output=True, text=True).stdout.splitlines()
               if line.startswith((":KUBE-", ":CNI-"))]
-    return {"processes": processes, "mounts": mounts, "links": links, "chains": chains}
+    folders = [mark for mark in marks[1:] if Path(mark).exists()]
+    return {"processes": processes, "mounts": mounts, "links": links, "chains": chains, "folders": folders}
 
 
 @pytest.mark.timeout(900)
@@ -223,7 +225,7 @@ def test_cli_up_runs_a_real_node_and_down_leaves_nothing(tmp_path: Path) -> None
         down = cli("down")
     assert down.returncode == 0, down.stderr
     assert not [name for name, pid in pids.items() if _running(pid)]
-    assert _host_traces(directory) == {"processes": [], "mounts": [], "links": [], "chains": []}
+    assert _host_traces(directory) == {"processes": [], "mounts": [], "links": [], "chains": [], "folders": []}
     assert not list(directory.glob("*.pid"))
     assert cli("env").returncode != 0
 

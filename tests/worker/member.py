@@ -179,7 +179,7 @@ def collectives(args: dict[str, Any]) -> None:
             results[f"{world.name}/async"] = out
 
     asyncio.run(awaited())
-    emit("results", ranks={n: w.rank for n, w in worlds.items()}, results=results, status=manager.status().model_dump())
+    emit("results", ranks={n: w.rank for n, w in worlds.items()}, results=results, status=manager.status().model_dump(mode="json"))
     manager.close()
 
 
@@ -206,7 +206,7 @@ class Steady:
             thread.start()
         for thread in threads:
             thread.join()
-        emit("summary", steps=self.steps, errors=self.errors, wrong=self.wrong, status=self.manager.status().model_dump())
+        emit("summary", steps=self.steps, errors=self.errors, wrong=self.wrong, status=self.manager.status().model_dump(mode="json"))
         self.manager.close()
 
     def commands(self) -> None:
