@@ -56,9 +56,16 @@ class ReconcileLoop:
                 return
             except (ApiException, PodsRefused, OSError) as error:
                 wait = self._backoff(error)
-            except Exception:  # a bug must not end the loop of this MultiWorld for good
+            except Exception as error:  # a bug must not end the loop of this MultiWorld for good
                 log.exception("%s/%s: reconcile step failed", *self.key)
                 wait = self._backoff(None)
+                await self._report(error)
+
+    async def _report(self, error: Exception) -> None:
+        try:
+            await self.reconciler.report_error(error)
+        except (ApiException, OSError, MultiWorldGone) as failure:  # best effort: the step is retried anyway
+            log.warning("%s/%s: could not report the failed step: %s", *self.key, failure)
 
     def _backoff(self, error: BaseException | None) -> float:
         self.failures += 1

@@ -27,9 +27,12 @@ from .api import KubeApi
 from .bodies import pod_body, rendezvous_host, selector, service_body
 from .observe import ObservedPods, observe_pods
 from .ports import world_ports
-from .refusal import INVALID_SPEC, refusal_patch
+from .refusal import INVALID_SPEC, RECONCILE_ERROR, error_patch, refusal_patch
 
 log = logging.getLogger(__name__)
+
+# Kubernetes caps an Event's message at 1 KiB.
+EVENT_MESSAGE_MAX = 1024
 
 
 class MultiWorldGone(Exception):
@@ -160,6 +163,16 @@ class Reconciler:
         log.warning("%s/%s: %s", self.namespace, self.name, "; ".join(problems))
         await self._patch_status(patch, {**(self.stored or {}), **patch})
         await self._event("Warning", INVALID_SPEC, patch["conditions"][-1]["message"])
+
+    async def report_error(self, error: Exception) -> None:
+        """An unexpected error in a step shows in the status and as an Event (once per distinct
+        message), not only in the operator's log."""
+        message = f"reconcile step failed: {type(error).__name__}: {error}"[:EVENT_MESSAGE_MAX]
+        patch = error_patch(self.stored, message, datetime.now(timezone.utc))
+        if patch is None:
+            return
+        await self._patch_status(patch, {**(self.stored or {}), **patch})
+        await self._event("Warning", RECONCILE_ERROR, message)
 
     async def _report_create_failures(self, failures: list[str]) -> None:
         """Pods the API refused (a template Kubernetes rejects, a quota, RBAC): an Event once

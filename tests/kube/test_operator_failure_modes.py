@@ -1,0 +1,57 @@
+"""Failure modes that used to be silent or to churn, each made loud and bounded, against the real
+API server: values at the edge of the schema, duplicate names, an unexpected error in a step."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes.client.rest import ApiException
+from operator_support import Scene, scene, two_worlds, wait_for  # noqa: F401
+
+pytestmark = pytest.mark.kube
+
+
+def _condition(status: dict[str, object], type_: str) -> dict[str, str] | None:
+    conditions = status.get("conditions") or []
+    assert isinstance(conditions, list)
+    return next((c for c in conditions if c["type"] == type_), None)
+
+
+def test_durations_beyond_the_maximum_are_refused_by_field(scene: Scene) -> None:
+    kube = scene.kube
+    body = two_worlds(policy={"window": "10000000d", "backoff": {"maxDelay": "400d"}})
+    kube.create(body)
+    status = wait_for("the spec refused", lambda: (c := _condition(kube.status(), "SpecValid")) and c)
+    assert status["status"] == "False"
+    for field in ("spec.worlds[0].failurePolicy.window", "spec.worlds[0].failurePolicy.backoff.maxDelay"):
+        assert field in status["message"], status["message"]
+    assert "maximum duration, 366d" in status["message"]
+    assert kube.pods() == {}
+
+
+def test_the_api_server_refuses_numbers_beyond_the_maximum(scene: Scene) -> None:
+    for policy, field in (({"backoff": {"factor": 1e40}}, "factor"), ({"maxRestarts": 10**9}, "maxRestarts")):
+        with pytest.raises(ApiException) as refused:
+            scene.kube.create(two_worlds(policy=policy))
+        assert refused.value.status == 422 and field in refused.value.body, refused.value.body
+
+
+@pytest.mark.parametrize("field", ["members", "worlds"])
+def test_the_api_server_refuses_duplicate_names(scene: Scene, field: str) -> None:
+    body = two_worlds()
+    body["spec"][field].append(dict(body["spec"][field][-1]))
+    with pytest.raises(ApiException) as refused:
+        scene.kube.create(body)
+    assert refused.value.status == 422 and "Duplicate value" in refused.value.body, refused.value.body
+
+
+def test_an_unexpected_error_in_a_step_shows_in_status_and_an_event(scene: Scene) -> None:
+    """A template Kubernetes would refuse, which the spec check does not read (containers is not
+    a list): the step fails where it builds the pods; status and an Event say how."""
+    kube = scene.kube
+    kube.create(two_worlds(template={"spec": {"containers": "worker"}}))
+    condition = wait_for("the failed step in the status", lambda: _condition(kube.status(), "Reconciled"))
+    assert condition["status"] == "False" and condition["reason"] == "ReconcileError"
+    assert condition["message"].startswith("reconcile step failed: AttributeError"), condition
+    events = wait_for("a ReconcileError event",
+                      lambda: [e for e in kube.events() if e.reason == "ReconcileError"])
+    assert len(events) == 1 and events[0].type == "Warning" and events[0].message == condition["message"]
