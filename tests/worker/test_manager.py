@@ -83,6 +83,25 @@ def test_a_replaced_instance_never_takes_its_pods_rank_again(table_server) -> No
         new.close()
 
 
+def test_an_environment_epoch_older_than_the_table_is_left_out(table_server) -> None:
+    """At start-up the live table can arrive before the environment's worlds are joined and
+    already carry a newer epoch: init_from_env leaves the older assignment out (a plain join of
+    it is refused) and waits for the table's join instead of dying."""
+    (port,) = free_ports(1)
+    table_server.publish(table(1, ("w", 2, port, ["p0", "p1"])))
+    m0, m1 = managers(table_server, "p0", "p1")
+    try:
+        assert [m.wait_world_blocking("w", timeout=60).epoch for m in (m0, m1)] == [2, 2]
+        from_env = mw.WorldAssignment(name="w", rank=0, size=2, host="127.0.0.1", port=port, epoch=1)
+        with pytest.raises(mw.StaleEpochError):
+            m0.join(from_env)
+        (join,) = m0._start_joins([from_env], newest_only=True)
+        assert join.result() is m0.world("w") and join.result().epoch == 2
+    finally:
+        m0.close()
+        m1.close()
+
+
 def test_a_peer_leaving_breaks_the_world_and_its_name_is_used_again(table_server) -> None:
     """p1 leaves on purpose: p0's pending and new ops raise, naming rank 1; nothing failed, so
     nothing is reported or counted. Then both join the same world name at epoch 2 (p0 still

@@ -46,6 +46,14 @@ class _Join:
         self.world: World | None = None
         self.error: BaseException | None = None
 
+    @classmethod
+    def holding(cls, world: World) -> _Join:
+        """A finished join of a world already held."""
+        join = cls(world.assignment)
+        join.world = world
+        join.done.set()
+        return join
+
     def result(self) -> World:
         if self.error is not None:
             raise self.error
@@ -117,10 +125,30 @@ class WorldManager:
     def join_all(self, assignments: Iterable[WorldAssignment]) -> dict[str, World]:
         """Join several worlds in parallel (a process can wait on another in one world while that
         one waits on it in another). Returns the worlds joined; failures are logged and reported."""
-        joins = [self._start_join(_assignment(a)) for a in assignments]
+        joins = self._start_joins(assignments)
         for join in joins:
             join.done.wait()
         return {j.assignment.name: j.world for j in joins if j.world is not None}
+
+    def _start_joins(self, assignments: Iterable[WorldAssignment], *, newest_only: bool = False) -> list[_Join]:
+        """Start joining each world in the background. newest_only: an assignment older than the
+        epoch this manager already holds or joins for that world is left out (StaleEpochError
+        otherwise), and that newer join is returned in its place."""
+        joins = []
+        for a in assignments:
+            try:
+                joins.append(self._start_join(_assignment(a)))
+            except StaleEpochError:
+                if not newest_only:
+                    raise
+                with self._lock:
+                    newer = self._joins.get(a.name)
+                    held = self._worlds.get(a.name)
+                if newer is None and held is not None:
+                    newer = _Join.holding(held)
+                if newer is not None:
+                    joins.append(newer)
+        return joins
 
     def _start_join(self, a: WorldAssignment) -> _Join:
         with self._lock:
@@ -136,10 +164,7 @@ class WorldManager:
             held = self._worlds.get(a.name)
             if held is not None:
                 if held.assignment == a and not held.broken:
-                    done = _Join(a)
-                    done.world = held
-                    done.done.set()
-                    return done
+                    return _Join.holding(held)
                 if held.assignment == a:
                     raise WorldJoinError(
                         f"world {a.name!r} epoch {a.epoch} is broken ({held.error.reason if held.error else ''}); "
