@@ -4,6 +4,7 @@ managers, gloo over loopback, each with its own local channel to the runner's re
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -100,6 +101,37 @@ def test_an_environment_epoch_older_than_the_table_is_left_out(table_server) -> 
     finally:
         m0.close()
         m1.close()
+
+
+def _port_free(port: int) -> bool:
+    """Nothing listens on `port` (connections of a closed server may linger in TIME_WAIT)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.mark.parametrize("ending", ["timed out", "called off"])
+def test_a_failed_rank0_join_stops_the_store_it_started(ending: str) -> None:
+    (port,) = free_ports(1)
+    config = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=60 if ending == "called off" else 1,
+                             op_timeout=30)
+    manager = mw.WorldManager(pod="p0", config=config)
+    try:
+        join = manager._start_join(mw.WorldAssignment(name="w", rank=0, size=2, host="127.0.0.1", port=port))
+        deadline = time.monotonic() + 30
+        while _port_free(port) and time.monotonic() < deadline:  # the store serves: its peer never comes
+            time.sleep(0.05)
+        assert not _port_free(port)
+        if ending == "called off":
+            manager.leave("w")
+        assert join.done.wait(60) and join.error is not None
+        assert _port_free(port), "the store server outlived its join"
+    finally:
+        manager.close()
 
 
 def test_a_peer_leaving_breaks_the_world_and_its_name_is_used_again(table_server) -> None:

@@ -217,6 +217,7 @@ class WorldManager:
         if not current:
             world._close("cancelled its join")
             join.error = JoinCancelled(name)
+            self._unserve_if_unused(join.assignment)
         join.done.set()
         self._changed()
 
@@ -235,8 +236,22 @@ class WorldManager:
             )
         elif current:
             log.info("gave up joining world %s epoch %d: %s", a.name, a.epoch, exc)
+        self._unserve_if_unused(a)
         join.done.set()
         self._changed()
+
+    def _unserve_if_unused(self, a: WorldAssignment) -> None:
+        """After a rank-0 join failed or was called off: stop the store server it started,
+        unless a newer join or a held world of this process serves on that port. Under the lock,
+        so no join can start reusing the server in between."""
+        if a.rank != 0:
+            return
+        from multiworld import stores
+
+        with self._lock:
+            users = [j.assignment for j in self._joins.values()] + [w.assignment for w in self._worlds.values()]
+            if not any(u.rank == 0 and u.port == a.port for u in users):
+                stores.stop_serving(a.name, a.port)
 
     # -- the live table ------------------------------------------------------------------
 
