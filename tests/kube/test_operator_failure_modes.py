@@ -55,3 +55,43 @@ def test_an_unexpected_error_in_a_step_shows_in_status_and_an_event(scene: Scene
     events = wait_for("a ReconcileError event",
                       lambda: [e for e in kube.events() if e.reason == "ReconcileError"])
     assert len(events) == 1 and events[0].type == "Warning" and events[0].message == condition["message"]
+
+
+def _wait_refused(kube: object, name: str, text: str) -> dict[str, str]:
+    def refused() -> dict[str, str] | None:
+        condition = _condition(kube.status(name), "Reconciled")  # type: ignore[attr-defined]
+        return condition if condition is not None and text in condition["message"] else None
+
+    condition = wait_for(f"{name}: the taken name in its status", refused)
+    assert condition["status"] == "False" and condition["reason"] == "CreateRefused", condition
+    events = wait_for(f"{name}: a CreateRefused event", lambda: [
+        e for e in kube.events(name) if e.reason == "CreateRefused" and text in e.message])  # type: ignore[attr-defined]
+    assert len(events) == 1 and events[0].type == "Warning", events
+    return condition
+
+
+def test_a_pod_name_taken_by_another_multiworld_is_left_alone_and_reported(scene: Scene) -> None:
+    """MultiWorld `a` with member `b-c` and MultiWorld `a-b` with member `c` both name a pod
+    a-b-c-0: the second one does not take it, and says whose it is."""
+    from operator_support import manifest
+
+    kube = scene.kube
+    kube.create(manifest("a-b", {"c": 2}, {"w": ["c"]}))
+    kube.wait_running("a-b", epochs={"w": 1})
+    theirs = kube.uids("a-b")
+    kube.create(manifest("a", {"b-c": 1, "d": 1}, {"w": ["b-c", "d"]}))
+    _wait_refused(kube, "a", "pod a-b-c-0 already exists and is not this MultiWorld's (owned by MultiWorld a-b)")
+    assert kube.uids("a-b") == theirs
+    assert kube.status("a-b")["phase"] == "Running"
+
+
+def test_a_foreign_service_of_the_same_name_is_left_alone_and_reported(scene: Scene) -> None:
+    from kubernetes import client
+
+    kube = scene.kube
+    kube.core.create_namespaced_service(kube.namespace, client.V1Service(
+        metadata=client.V1ObjectMeta(name="mw"), spec=client.V1ServiceSpec(ports=[client.V1ServicePort(port=80)])))
+    kube.create(two_worlds())
+    _wait_refused(kube, "mw", "Service mw already exists and is not this MultiWorld's (it has no owner)")
+    service = kube.core.read_namespaced_service("mw", kube.namespace)
+    assert service.spec.cluster_ip != "None" and not service.metadata.owner_references  # untouched

@@ -49,6 +49,22 @@ class KubeApi:
     async def create_service(self, namespace: str, body: dict[str, Any]) -> bool:
         return await self._create(self.core.create_namespaced_service, namespace, body)
 
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._read(self.core.read_namespaced_pod, namespace, name)
+
+    async def read_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._read(self.core.read_namespaced_service, namespace, name)
+
+    async def _read(self, method: Callable[..., Any], namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when there is none."""
+        try:
+            found: dict[str, Any] = await self._call(method, name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
+
     async def _create(self, method: Callable[..., Any], namespace: str, body: dict[str, Any]) -> bool:
         try:
             await self._call(method, namespace, body)

@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from .api import KubeApi
-from .reconcile import MultiWorldGone, PodsRefused, Reconciler, api_message
+from .reconcile import MultiWorldGone, CreateRefused, Reconciler, api_message
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,10 @@ class ReconcileLoop:
             except MultiWorldGone:
                 log.info("%s/%s: gone; reconcile loop ends", *self.key)
                 return
-            except (ApiException, PodsRefused, OSError) as error:
+            except (ApiException, CreateRefused, OSError) as error:
                 wait = self._backoff(error)
+                if isinstance(error, CreateRefused):
+                    await self._report(error)
             except Exception as error:  # a bug must not end the loop of this MultiWorld for good
                 log.exception("%s/%s: reconcile step failed", *self.key)
                 wait = self._backoff(None)

@@ -27,7 +27,7 @@ from .api import KubeApi
 from .bodies import pod_body, rendezvous_host, selector, service_body
 from .observe import ObservedPods, observe_pods
 from .ports import world_ports
-from .refusal import INVALID_SPEC, RECONCILE_ERROR, error_patch, refusal_patch
+from .refusal import CREATE_REFUSED, INVALID_SPEC, RECONCILE_ERROR, error_patch, refusal_patch
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,9 @@ class MultiWorldGone(Exception):
     """The MultiWorld was deleted while a step ran."""
 
 
-class PodsRefused(Exception):
-    """The API refused some pod creates; the step is retried after a backoff."""
+class CreateRefused(Exception):
+    """The API refused some creates (a pod, the Service), or their names are taken by objects
+    that are not this MultiWorld's; the step is retried after a backoff."""
 
 
 class Reconciler:
@@ -114,7 +115,10 @@ class Reconciler:
             if create.pod in seen.present:
                 continue  # created once the old instance (or an older MultiWorld's pod) is gone
             try:
-                await self.api.create_pod(self.namespace, pod_body(create, body))
+                if not await self.api.create_pod(self.namespace, pod_body(create, body)):
+                    taken = await self._taken("pod", create.pod, await self.api.read_pod(self.namespace, create.pod))
+                    if taken:
+                        failures.append(taken)
             except ApiException as error:
                 if error.status is not None and error.status >= 500:
                     raise
@@ -136,9 +140,25 @@ class Reconciler:
         )
 
     async def _ensure_service(self, body: Mapping[str, Any]) -> None:
-        if not self.service_known:
-            await self.api.create_service(self.namespace, service_body(body))
-            self.service_known = True
+        if self.service_known:
+            return
+        if not await self.api.create_service(self.namespace, service_body(body)):
+            taken = await self._taken("Service", self.name, await self.api.read_service(self.namespace, self.name))
+            if taken:
+                await self._report_create_failures([taken])
+        self.service_known = True
+
+    async def _taken(self, kind: str, name: str, found: Mapping[str, Any] | None) -> str | None:
+        """Why `name` cannot be ours: an object of that name that this MultiWorld does not own
+        (left alone, and named with its owner); None when it is ours, or gone meanwhile."""
+        if found is None:
+            return None
+        owners = found["metadata"].get("ownerReferences") or []
+        if any(ref.get("uid") == self.uid and ref.get("controller") for ref in owners):
+            return None
+        owner = next((f"{ref['kind']} {ref['name']}" for ref in owners if ref.get("controller")), None)
+        return (f"{kind} {name} already exists and is not this MultiWorld's "
+                f"({'owned by ' + owner if owner else 'it has no owner'}); it is left alone")
 
     async def _store(self, status: MultiWorldStatus) -> None:
         desired = status.to_dict()
@@ -165,23 +185,29 @@ class Reconciler:
         await self._event("Warning", INVALID_SPEC, patch["conditions"][-1]["message"])
 
     async def report_error(self, error: Exception) -> None:
-        """An unexpected error in a step shows in the status and as an Event (once per distinct
-        message), not only in the operator's log."""
-        message = f"reconcile step failed: {type(error).__name__}: {error}"[:EVENT_MESSAGE_MAX]
-        patch = error_patch(self.stored, message, datetime.now(timezone.utc))
+        """A failed step shows in the status (and, when unexpected, as an Event; refused creates
+        have theirs already), once per distinct message, not only in the operator's log."""
+        if isinstance(error, CreateRefused):
+            reason, message = CREATE_REFUSED, str(error)
+        else:
+            reason, message = RECONCILE_ERROR, f"reconcile step failed: {type(error).__name__}: {error}"
+        message = message[:EVENT_MESSAGE_MAX]
+        patch = error_patch(self.stored, reason, message, datetime.now(timezone.utc))
         if patch is None:
             return
         await self._patch_status(patch, {**(self.stored or {}), **patch})
-        await self._event("Warning", RECONCILE_ERROR, message)
+        if reason == RECONCILE_ERROR:
+            await self._event("Warning", RECONCILE_ERROR, message)
 
     async def _report_create_failures(self, failures: list[str]) -> None:
-        """Pods the API refused (a template Kubernetes rejects, a quota, RBAC): an Event once
-        per distinct refusal, then the loop retries with a backoff."""
+        """Creates the API refused (a template Kubernetes rejects, a quota, RBAC) or names taken
+        by objects not ours: an Event once per distinct refusal, then the loop retries with a
+        backoff."""
         new = [f for f in failures if f not in self._reported_errors]
         for failure in new:
-            await self._event("Warning", "CreatePodFailed", failure)
+            await self._event("Warning", CREATE_REFUSED, failure)
             self._reported_errors.add(failure)
-        raise PodsRefused("; ".join(failures))
+        raise CreateRefused("; ".join(failures))
 
     async def _event(self, type_: str, reason: str, message: str) -> None:
         """Events are best effort: a lost one must not stop the reconcile."""

@@ -5,8 +5,10 @@ rank, a pod name too long, ...) only the controller sees. Such a spec creates no
 MultiWorld that never had a valid spec is Failed; one that had keeps its pods and status as
 they were. Either way the condition `SpecValid` says what is wrong, naming each field.
 
-An unexpected error in a reconcile step (the step is retried with a backoff) shows as the
-condition `Reconciled` False with the error; the next successful step's status drops it.
+A failed reconcile step (retried with a backoff) shows as the condition `Reconciled` False:
+reason CreateRefused when the API refused a create or the name is taken by an object that is
+not this MultiWorld's, ReconcileError for an unexpected error; the next successful step's
+status drops it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ SPEC_VALID = "SpecValid"
 INVALID_SPEC = "InvalidSpec"
 RECONCILED = "Reconciled"
 RECONCILE_ERROR = "ReconcileError"
+CREATE_REFUSED = "CreateRefused"
 
 
 def refusal_patch(stored: Mapping[str, Any] | None, generation: int | None, problems: list[str],
@@ -43,14 +46,14 @@ def refusal_patch(stored: Mapping[str, Any] | None, generation: int | None, prob
     return {"observedGeneration": generation, "conditions": [*kept, _dump(refusal)]}
 
 
-def error_patch(stored: Mapping[str, Any] | None, message: str, now: datetime) -> dict[str, Any] | None:
-    """The conditions to set after a reconcile step failed with `message` (every other
-    condition kept), or None when `stored` already says so."""
+def error_patch(stored: Mapping[str, Any] | None, reason: str, message: str, now: datetime) -> dict[str, Any] | None:
+    """The conditions to set after a reconcile step failed for `reason` with `message` (every
+    other condition kept), or None when `stored` already says so."""
     stored = stored or {}
     old = _condition(stored, RECONCILED)
     if old is not None and old.get("message") == message:
         return None
-    error = Condition(type=RECONCILED, status="False", reason=RECONCILE_ERROR, message=message,
+    error = Condition(type=RECONCILED, status="False", reason=reason, message=message,
                       last_transition_time=now)
     kept = [c for c in stored.get("conditions") or [] if c.get("type") != RECONCILED]
     return {"conditions": [*kept, _dump(error)]}
