@@ -182,6 +182,11 @@ class MultiWorldSpec(_SpecModel):
         default="auto", description="auto: nccl when every rank of a world requests nvidia.com/gpu, else gloo."
     )
     template: dict[str, Any] = Field(default_factory=dict, description="The default PodTemplateSpec of every member.")
+    network_policy: bool = Field(
+        default=True,
+        description="A NetworkPolicy admitting traffic to the pods only from this MultiWorld's own pods (any port: "
+                    "stores and communicators) and from anywhere on the ports the templates declare.",
+    )
     members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS, json_schema_extra=_KEYED_BY_NAME,
                                   description="Pods, declared once.")
     worlds: list[World] = Field(min_length=1, max_length=MAX_WORLDS, json_schema_extra=_KEYED_BY_NAME,

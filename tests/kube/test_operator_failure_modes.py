@@ -95,3 +95,36 @@ def test_a_foreign_service_of_the_same_name_is_left_alone_and_reported(scene: Sc
     _wait_refused(kube, "mw", "Service mw already exists and is not this MultiWorld's (it has no owner)")
     service = kube.core.read_namespaced_service("mw", kube.namespace)
     assert service.spec.cluster_ip != "None" and not service.metadata.owner_references  # untouched
+
+
+def test_the_rendezvous_is_closed_to_other_pods_by_a_network_policy(scene: Scene) -> None:
+    """Each MultiWorld's pods admit their own MultiWorld's pods on any port and anyone on the
+    ports the templates declare; spec.networkPolicy: false removes the policy."""
+    from kubernetes import client
+
+    kube = scene.kube
+    template = {"spec": {"containers": [{"name": "worker", "image": "multiworld/worker:test",
+                                         "ports": [{"containerPort": 8000}, {"containerPort": 9000, "protocol": "UDP"}]}]}}
+    kube.create(two_worlds(template=template))
+    networking = client.NetworkingV1Api(kube.api)
+
+    def policy() -> client.V1NetworkPolicy | None:
+        try:
+            return networking.read_namespaced_network_policy("mw", kube.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    found = wait_for("the NetworkPolicy mw", policy)
+    ours = {"multiworld.io/name": "mw"}
+    assert found.metadata.owner_references[0].uid == kube.get()["metadata"]["uid"]
+    assert found.spec.pod_selector.match_labels == ours and found.spec.policy_types == ["Ingress"]
+    peers, served = found.spec.ingress
+    assert [p.pod_selector.match_labels for p in peers._from] == [ours] and peers.ports is None
+    assert served._from is None and [(p.port, p.protocol) for p in served.ports] == [(8000, "TCP"), (9000, "UDP")]
+
+    spec = two_worlds(template=template)["spec"]
+    spec["networkPolicy"] = False
+    kube.patch_spec("mw", spec)
+    wait_for("the NetworkPolicy gone", lambda: policy() is None)

@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 from ..planner import MultiWorldStatus, Observation, Plan, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
 from .api import KubeApi
-from .bodies import pod_body, rendezvous_host, selector, service_body
+from .bodies import declared_ports, network_policy_body, pod_body, rendezvous_host, selector, service_body
 from .observe import ObservedPods, observe_pods
 from .ports import world_ports
 from .refusal import CREATE_REFUSED, INVALID_SPEC, RECONCILE_ERROR, error_patch, refusal_patch
@@ -53,6 +53,8 @@ class Reconciler:
         self.body: dict[str, Any] = dict(body)
         self.stored: dict[str, Any] | None = body.get("status")
         self.service_known = False
+        # The spec generation whose NetworkPolicy was last made to match (None: not yet).
+        self.policy_checked: int | None = None
         # Create failures already posted as Events, so a retried step does not repeat them.
         self._reported_errors: set[str] = set()
 
@@ -76,7 +78,7 @@ class Reconciler:
         new = body["metadata"]
         renewed = new["uid"] != old["uid"]
         if renewed:
-            self.stored, self.service_known = body.get("status"), False
+            self.stored, self.service_known, self.policy_checked = body.get("status"), False, None
             self._reported_errors.clear()
         self.body = dict(body)
         return renewed or new.get("generation") != old.get("generation") or self.deleting
@@ -99,6 +101,7 @@ class Reconciler:
         seen = observe_pods(items, self.uid)
         result = self._plan(multiworld, seen)
         await self._ensure_service(body)
+        await self._ensure_network_policy(body, multiworld)
         for delete in result.deletes:
             uid = seen.present.get(delete.pod)
             if uid is not None and delete.pod not in seen.terminating:
@@ -147,6 +150,28 @@ class Reconciler:
             if taken:
                 await self._report_create_failures([taken])
         self.service_known = True
+
+    async def _ensure_network_policy(self, body: Mapping[str, Any], multiworld: MultiWorld) -> None:
+        """The MultiWorld's NetworkPolicy exists while spec.networkPolicy is on, and ours is gone
+        when it is off. Checked once per spec generation."""
+        generation = body["metadata"].get("generation")
+        if self.policy_checked == generation:
+            return
+        if multiworld.spec.network_policy:
+            templates = [multiworld.template_of(m.name) for m in multiworld.spec.members]
+            policy = network_policy_body(body, declared_ports(templates))
+            if not await self.api.create_network_policy(self.namespace, policy):
+                found = await self.api.read_network_policy(self.namespace, self.name)
+                taken = await self._taken("NetworkPolicy", self.name, found)
+                if taken:
+                    await self._report_create_failures([taken])
+                if found is not None and found["spec"] != policy["spec"]:  # the declared ports changed
+                    await self.api.patch_network_policy(self.namespace, self.name, {"spec": policy["spec"]})
+        else:
+            found = await self.api.read_network_policy(self.namespace, self.name)
+            if found is not None and not await self._taken("NetworkPolicy", self.name, found):
+                await self.api.delete_network_policy(self.namespace, self.name, found["metadata"]["uid"])
+        self.policy_checked = generation
 
     async def _taken(self, kind: str, name: str, found: Mapping[str, Any] | None) -> str | None:
         """Why `name` cannot be ours: an object of that name that this MultiWorld does not own
