@@ -276,3 +276,29 @@ def test_operator_liveness_probe_passes(kube_node: Cluster, operator: Operator) 
         events = client.CoreV1Api(api).list_namespaced_event(
             operator.namespace, field_selector=f"involvedObject.name={pod.metadata.name}").items
     assert not [e.message for e in events if e.reason == "Unhealthy"]
+
+
+def test_a_manifest_without_the_worker_serviceaccount_fails_saying_why(
+        kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path) -> None:
+    """The pods run as the namespace's default ServiceAccount: each worker exits at once naming
+    the permission it lacks, and the operator's Event and status for the failure quote it."""
+    import yaml
+
+    name = "no-worker-account"
+    path = example_manifest("all_gather", name, tmp_path)
+    manifest = yaml.safe_load(path.read_text())
+    del manifest["spec"]["template"]["spec"]["serviceAccountName"]
+    path.write_text(yaml.safe_dump(manifest))
+    kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
+    try:
+        failure = wait_for("a world failure", lambda: next(
+            (s["lastFailure"] for s in (kube.status(name).get("worlds") or {}).values() if s.get("lastFailure")), None),
+            WAIT_S)  # fmt: skip
+        assert "may not get, list and watch multiworlds" in failure["message"], failure
+        assert "serviceAccountName: multiworld-worker" in failure["message"], failure
+        events = wait_for("the WorldFailed event", lambda: [
+            e for e in kube.events(name) if e.reason == "WorldFailed" and "may not get, list and watch" in e.message])
+        assert events
+    finally:
+        kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
+        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)

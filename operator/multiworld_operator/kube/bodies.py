@@ -62,6 +62,9 @@ def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]
     for container in spec.get("containers") or []:
         own = [e for e in container.get("env") or [] if e.get("name") not in env]
         container["env"] = own + [{"name": key, "value": value} for key, value in env.items()]
+        # A worker that must stop says why in its last log lines when it could not write
+        # /dev/termination-log; the operator quotes that message in the failure it reports.
+        container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     spec.update(restartPolicy="Never", hostname=action.pod, subdomain=name)
     return {
         "apiVersion": "v1",

@@ -56,8 +56,27 @@ class PodMeta(_Lenient):
     deletion_timestamp: datetime | None = Field(default=None, alias="deletionTimestamp")
 
 
+class Terminated(_Lenient):
+    message: str = ""
+
+
+class ContainerState(_Lenient):
+    terminated: Terminated | None = None
+
+
+class ContainerStatus(_Lenient):
+    state: ContainerState = Field(default_factory=ContainerState)
+
+
 class PodState(_Lenient):
     phase: str = "Pending"
+    container_statuses: list[ContainerStatus] = Field(default_factory=list, alias="containerStatuses")
+
+    @property
+    def termination_message(self) -> str:
+        """What the first container that ended with a message said (its termination message)."""
+        return next((s.state.terminated.message.strip() for s in self.container_statuses
+                     if s.state.terminated is not None and s.state.terminated.message.strip()), "")
 
 
 class KubePod(_Lenient):
@@ -98,6 +117,7 @@ def observe_pods(items: list[Mapping[str, Any]], owner_uid: str) -> ObservedPods
             member=meta.labels.get(MEMBER_LABEL, ""),
             ordinal=_ordinal(meta.labels.get(ORDINAL_LABEL)),
             phase=_PHASES.get(pod.status.phase, "Pending"),
+            message=pod.status.termination_message,
             created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
             joined=_joined(meta),
         ))

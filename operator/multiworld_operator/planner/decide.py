@@ -162,7 +162,8 @@ class _Planning:
                     rank = state.pods.index(pod)
                     failures[world] = Failure(
                         time=self.now, reason=reason, pod=pod, rank=rank, epoch=state.epoch,
-                        message=f"pod {pod} (rank {rank}) {'failed' if ours else 'was deleted'}",
+                        message=f"pod {pod} (rank {rank}) {'failed' if ours else 'was deleted'}"
+                                + (f": {seen.message}" if ours and seen is not None and seen.message else ""),
                     )
         for report in self.reports:
             reported = self.worlds.get(report.world)

@@ -34,6 +34,8 @@ class PodObservation(_Model):
     phase: PodPhase
     created_for: dict[str, int] = Field(default_factory=dict)
     joined: dict[str, int] | None = None
+    # Why a Failed pod ended, in its own words (a container's termination message), if it said.
+    message: str = ""
 
 
 class Observation(_Model):
