@@ -283,8 +283,7 @@ def _exit_if_refused(error: BaseException, permission: str) -> None:
         f"`serviceAccountName: multiworld-worker` in the MultiWorld's pod template (chart value workers.namespaces "
         f"must list this namespace)."
     )
-    log.critical("%s", message)
-    sys.stderr.write(message + "\n")
+    sys.stderr.write(message + "\n")  # not through logging: the message must show at any log level
     sys.stderr.flush()
     if TERMINATION_LOG.exists():  # the kubelet made it: this runs in a container
         try:
