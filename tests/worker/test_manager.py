@@ -103,6 +103,28 @@ def test_an_environment_epoch_older_than_the_table_is_left_out(table_server) -> 
         m1.close()
 
 
+def test_following_a_table_a_timed_out_join_goes_on_waiting(table_server) -> None:
+    """A peer slow to start (its pod still scheduling): the member reports the timed-out join
+    and keeps waiting at the same epoch, so the world forms when the peer comes."""
+    (port,) = free_ports(1)
+    table_server.publish(table(1, ("w", 1, port, ["p0", "p1"])))
+    patient = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=1, op_timeout=30)
+    first = mw.WorldManager(pod="p0", config=patient, channel=open_channel(table_server.url, "p0"))
+    late = None
+    try:
+        table_server.wait_until(lambda: any(r.world == "w" and r.reason.startswith("join failed: ")
+                                            for r in table_server.reports), "a timed-out join reported")
+        time.sleep(1.5)  # another timeout or two pass: still waiting, at the same epoch
+        assert first.worlds() == {} and set(first._joins) == {"w"}
+        late = mw.WorldManager(pod="p1", config=FAST, channel=open_channel(table_server.url, "p1"))
+        worlds = [m.wait_world_blocking("w", timeout=60) for m in (first, late)]
+        assert [w.epoch for w in worlds] == [1, 1]
+    finally:
+        first.close()
+        if late is not None:
+            late.close()
+
+
 def _port_free(port: int) -> bool:
     """Nothing listens on `port` (connections of a closed server may linger in TIME_WAIT)."""
     with socket.socket() as probe:

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from multiworld import shutdown
 from multiworld.channels import Channel
 from multiworld.channels.none import NoneChannel
-from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
+from multiworld.contract import JOIN_FAILED, BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
 from multiworld.detect import DetectConfig
 from multiworld.errors import (
     JoinCancelled,
+    JoinTimedOut,
     StaleEpochError,
     UnknownWorldError,
     WorldBrokenError,
@@ -86,6 +87,7 @@ class WorldManager:
         self._joined_at: dict[str, datetime] = {}
         self.config = config if config is not None else DetectConfig.from_env()
         self._channel: Channel = channel if channel is not None else NoneChannel()
+        self._follows_table = channel is not None and not isinstance(channel, NoneChannel)
         self._device = device
         self._lock = threading.RLock()
         self._worlds: dict[str, World] = {}
@@ -226,13 +228,22 @@ class WorldManager:
         join.error = exc
         with self._lock:
             current = self._joins.get(a.name) is join
+            # Following a live table, a join that timed out goes on waiting (a peer's pod may be
+            # scheduling or pulling its image); the platform decides from the report whether
+            # the epoch failed, and a newer epoch calls this join off.
+            again = current and isinstance(exc, JoinTimedOut) and self._follows_table and not self._closed
             if current:
                 del self._joins[a.name]
-                self._given_up[a.name] = max(self._given_up.get(a.name, 0), a.epoch)
+                if again:
+                    retry = _Join(a)
+                    self._joins[a.name] = retry
+                    shutdown.start_thread(self._run_join, f"mw-join-{a.name}-{a.epoch}", retry)
+                else:
+                    self._given_up[a.name] = max(self._given_up.get(a.name, 0), a.epoch)
         if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):
             log.warning("could not join world %s epoch %d: %s", a.name, a.epoch, exc)
             self._channel.report(
-                BrokenWorldReport(world=a.name, epoch=a.epoch, reason=f"join failed: {exc}", pod=self.pod)
+                BrokenWorldReport(world=a.name, epoch=a.epoch, reason=f"{JOIN_FAILED}{exc}", pod=self.pod)
             )
         elif current:
             log.info("gave up joining world %s epoch %d: %s", a.name, a.epoch, exc)

@@ -36,6 +36,10 @@ class PodObservation(_Model):
     joined: dict[str, int] | None = None
     # Why a Failed pod ended, in its own words (a container's termination message), if it said.
     message: str = ""
+    # Why a pod that is not Running yet waits (unschedulable, pulling its image, ...), if known.
+    waiting: str = ""
+    # When its container started running, if the platform knows.
+    started: datetime | None = None
 
 
 class Observation(_Model):
