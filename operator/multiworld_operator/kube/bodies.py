@@ -101,12 +101,7 @@ def network_policy_body(multiworld: Mapping[str, Any], declared_ports: list[dict
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "labels": {NAME_LABEL: meta["name"]},
-            "ownerReferences": [owner_reference(multiworld)],
-        },
+        "metadata": _named_after(multiworld),
         "spec": {"podSelector": ours, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
@@ -123,6 +118,13 @@ def declared_ports(templates: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return found
 
 
+def _named_after(multiworld: Mapping[str, Any]) -> dict[str, Any]:
+    """Metadata of an object named after its MultiWorld, labelled with it and owned by it."""
+    meta = multiworld["metadata"]
+    return {"name": meta["name"], "namespace": meta["namespace"], "labels": {NAME_LABEL: meta["name"]},
+            "ownerReferences": [owner_reference(multiworld)]}
+
+
 def service_body(multiworld: Mapping[str, Any]) -> dict[str, Any]:
     """The headless Service `<mw>`: DNS for every pod, ready or not (ranks rendezvous before
     any readiness probe could pass)."""
@@ -130,12 +132,7 @@ def service_body(multiworld: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "labels": {NAME_LABEL: meta["name"]},
-            "ownerReferences": [owner_reference(multiworld)],
-        },
+        "metadata": _named_after(multiworld),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
