@@ -18,8 +18,8 @@ from .planner.status import MultiWorldStatus
 from .spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR, MultiWorldSpec
 
 # JSON-schema keywords a structural schema keeps as they are.
-_KEPT = ("description", "format", "pattern", "enum", "minimum", "maximum",
-         "minLength", "maxLength", "minItems", "maxItems")
+_KEPT = ("description", "format", "pattern", "enum", "minimum", "maximum", "minLength", "maxLength",
+         "minItems", "maxItems", "x-kubernetes-list-type", "x-kubernetes-list-map-keys")
 
 
 def crd() -> dict[str, Any]:

@@ -68,7 +68,18 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 # Patterns the CRD carries so the API server refuses bad values early; the models check the
 # same rules themselves (with messages naming the field) rather than through these.
 _NAME_SCHEMA: JsonDict = {"pattern": _DNS1123_LABEL.pattern, "maxLength": MAX_LABEL}
-_DURATION_SCHEMA: JsonDict = {"pattern": _DURATION.pattern}
+# Upper bounds of every number and duration in the spec: beyond them a value means nothing
+# useful, and they keep the planner's arithmetic on times and delays finite.
+MAX_DURATION = "366d"
+MAX_DURATION_LENGTH = 32
+MAX_FACTOR = 100.0
+MAX_RESTARTS = 10_000
+MAX_REPLICAS = 4096
+MAX_MEMBERS = 4096
+MAX_WORLDS = 4096
+_DURATION_SCHEMA: JsonDict = {"pattern": _DURATION.pattern, "maxLength": MAX_DURATION_LENGTH}
+# Lists the API server itself keeps free of duplicate names (ranks stay a plain ordered list).
+_KEYED_BY_NAME: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # The cross-field validator raises this error type; parse_manifest reports those problems from
 # its own pass over the raw data instead, so they are listed once, next to the field errors.
@@ -92,7 +103,8 @@ def parse_duration(text: str) -> float:
 
 
 def _check_duration(value: str) -> str:
-    parse_duration(value)
+    if len(value) > MAX_DURATION_LENGTH or parse_duration(value) > parse_duration(MAX_DURATION):
+        raise ValueError(f"{value!r} is longer than the maximum duration, {MAX_DURATION}")
     return value
 
 
@@ -109,7 +121,8 @@ class Backoff(_SpecModel):
     initial_delay: str = Field(default="1s", json_schema_extra=_DURATION_SCHEMA,
                                description="Delay before the second restart within the window.")
     max_delay: str = Field(default="1m", json_schema_extra=_DURATION_SCHEMA, description="Longest delay.")
-    factor: float = Field(default=2.0, ge=1.0, description="Each further restart waits this many times longer.")
+    factor: float = Field(default=2.0, ge=1.0, le=MAX_FACTOR,
+                          description="Each further restart waits this many times longer.")
 
     _durations = field_validator("initial_delay", "max_delay")(_check_duration)
 
@@ -117,14 +130,19 @@ class Backoff(_SpecModel):
         """Seconds to wait before a restart preceded by `recent_restarts` within the window."""
         if recent_restarts <= 0:
             return 0.0
-        initial = parse_duration(self.initial_delay)
-        return min(parse_duration(self.max_delay), initial * self.factor ** (recent_restarts - 1))
+        longest = parse_duration(self.max_delay)
+        delay = parse_duration(self.initial_delay)
+        for _ in range(recent_restarts - 1):  # grows step by step: a power could overflow
+            if delay >= longest:
+                break
+            delay *= self.factor
+        return min(longest, delay)
 
 
 class FailurePolicy(_SpecModel):
     """At most `maxRestarts` restarts of a world within any `window`; then the world is Failed."""
 
-    max_restarts: int = Field(default=10, ge=0, description="Restarts allowed within `window`.")
+    max_restarts: int = Field(default=10, ge=0, le=MAX_RESTARTS, description="Restarts allowed within `window`.")
     window: str = Field(default="1h", json_schema_extra=_DURATION_SCHEMA,
                         description="A duration such as 30s, 5m, 1h or 1h30m.")
     backoff: Backoff = Field(default_factory=Backoff, description="Delays between restarts; the first is immediate.")
@@ -140,7 +158,7 @@ class Member(_SpecModel):
     """A set of identical pods `<mw>-<name>-<ordinal>`, declared once, used by many worlds."""
 
     name: str = Field(json_schema_extra=_NAME_SCHEMA)
-    replicas: int = Field(default=1, ge=1, description="Pods of this member, ordinals 0..replicas-1.")
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS, description="Pods of this member, ordinals 0..replicas-1.")
     template: dict[str, Any] | None = Field(
         default=None, description="A PodTemplateSpec replacing spec.template for this member."
     )
@@ -151,6 +169,7 @@ class World(_SpecModel):
 
     name: str = Field(json_schema_extra=_NAME_SCHEMA)
     ranks: list[str] = Field(
+        max_length=MAX_MEMBERS,
         json_schema_extra={"items": {"type": "string", **_NAME_SCHEMA}},
         description="Member names; each expands to its pods in ordinal order, rank r is the r-th pod.",
     )
@@ -163,8 +182,15 @@ class MultiWorldSpec(_SpecModel):
         default="auto", description="auto: nccl when every rank of a world requests nvidia.com/gpu, else gloo."
     )
     template: dict[str, Any] = Field(default_factory=dict, description="The default PodTemplateSpec of every member.")
-    members: list[Member] = Field(min_length=1, description="Pods, declared once.")
-    worlds: list[World] = Field(min_length=1, description="Communication groups, many-to-many with members.")
+    network_policy: bool = Field(
+        default=True,
+        description="A NetworkPolicy admitting traffic to the pods only from this MultiWorld's own pods (any port: "
+                    "stores and communicators) and from anywhere on the ports the templates declare.",
+    )
+    members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS, json_schema_extra=_KEYED_BY_NAME,
+                                  description="Pods, declared once.")
+    worlds: list[World] = Field(min_length=1, max_length=MAX_WORLDS, json_schema_extra=_KEYED_BY_NAME,
+                                description="Communication groups, many-to-many with members.")
 
 
 class Metadata(BaseModel):

@@ -276,3 +276,64 @@ def test_operator_liveness_probe_passes(kube_node: Cluster, operator: Operator) 
         events = client.CoreV1Api(api).list_namespaced_event(
             operator.namespace, field_selector=f"involvedObject.name={pod.metadata.name}").items
     assert not [e.message for e in events if e.reason == "Unhealthy"]
+
+
+def test_a_manifest_without_the_worker_serviceaccount_fails_saying_why(
+        kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path) -> None:
+    """The pods run as the namespace's default ServiceAccount: each worker exits at once naming
+    the permission it lacks, and the operator's Event and status for the failure quote it."""
+    import yaml
+
+    name = "no-worker-account"
+    path = example_manifest("all_gather", name, tmp_path)
+    manifest = yaml.safe_load(path.read_text())
+    del manifest["spec"]["template"]["spec"]["serviceAccountName"]
+    path.write_text(yaml.safe_dump(manifest))
+    kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
+    try:
+        failure = wait_for("a world failure", lambda: next(
+            (s["lastFailure"] for s in (kube.status(name).get("worlds") or {}).values() if s.get("lastFailure")), None),
+            WAIT_S)  # fmt: skip
+        assert "may not get, list and watch multiworlds" in failure["message"], failure
+        assert "serviceAccountName: multiworld-worker" in failure["message"], failure
+        events = wait_for("the WorldFailed event", lambda: [
+            e for e in kube.events(name) if e.reason == "WorldFailed" and "may not get, list and watch" in e.message])
+        assert events
+    finally:
+        kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
+        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
+
+
+def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
+        kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path) -> None:
+    """world1's workers ask for a GPU the node does not have: world1 stays Pending (naming its
+    waiting pods and why, one Event), with no restart however many join timeouts pass, while
+    world2 runs."""
+    import yaml
+
+    name = "unschedulable"
+    path = example_manifest("all_gather", name, tmp_path)
+    manifest = yaml.safe_load(path.read_text())
+    template = manifest["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    container["env"] = [{"name": "MULTIWORLD_JOIN_TIMEOUT", "value": "3"}]
+    gpu = yaml.safe_load(yaml.safe_dump(template))
+    gpu["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
+    (w1,) = [m for m in manifest["spec"]["members"] if m["name"] == "w1"]
+    w1["template"] = gpu
+    path.write_text(yaml.safe_dump(manifest))
+    kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
+    try:
+        kube.wait_world("world2", lambda s: s["phase"] == "Running", "Running", name=name)
+        waiting = kube.wait_world("world1", lambda s: len(s.get("waiting") or {}) == 2, "waiting for w1", name=name)
+        world1 = waiting["worlds"]["world1"]
+        assert world1["phase"] == "Pending"
+        assert all(r.startswith("Unschedulable") and "nvidia.com/gpu" in r for r in world1["waiting"].values()), world1
+        time.sleep(12)  # several join timeouts of the leader in world1
+        world1 = kube.status(name)["worlds"]["world1"]
+        assert world1["phase"] == "Pending" and world1["restarts"] == 0 and world1["epoch"] == 1, world1
+        assert [e.reason for e in kube.events(name)].count("WorldWaiting") == 1
+        assert kube.status(name)["worlds"]["world2"]["phase"] == "Running"
+    finally:
+        kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
+        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)

@@ -109,3 +109,30 @@ def test_channel_url() -> None:
             parse_table_url(bad)
     with pytest.raises(ValueError, match="NAMESPACE/NAME"):
         open_channel("kubernetes://only-a-namespace", LEADER)
+
+
+# A worker process that only follows its table: what init_from_env starts in every pod.
+FOLLOW_TABLE = """
+import sys, time
+from multiworld.channels import open_channel
+channel = open_channel(sys.argv[1], "mw-leader-0")
+channel.start(lambda table: None)
+time.sleep(120)
+"""
+
+
+def test_a_worker_without_its_permissions_exits_saying_which_and_how(kube_cluster: Cluster, namespace: str) -> None:
+    """401/403 never heal by retrying: a worker running as a ServiceAccount without the
+    workers' Role exits at once (status 77), naming the permission and the fix."""
+    import os
+    import subprocess
+    import sys
+
+    kubeconfig = kube_cluster.serviceaccount_kubeconfig(namespace, "default")
+    result = subprocess.run([sys.executable, "-c", FOLLOW_TABLE, f"kubernetes://{namespace}/mw"],
+                            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+                            capture_output=True, text=True, timeout=100, check=False)  # fmt: skip
+    assert result.returncode == 77, result.stderr
+    assert "refused this worker (403 Forbidden): its ServiceAccount may not get, list and watch multiworlds" \
+        in result.stderr, result.stderr
+    assert "`serviceAccountName: multiworld-worker`" in result.stderr

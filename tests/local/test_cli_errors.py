@@ -64,3 +64,14 @@ def test_a_template_without_a_command_is_refused(tmp_path):
     result = run_cli(tmp_path, GOOD.replace(', command: [python, -c, "pass"]', ""))
     assert result.returncode == 2
     assert "spec.template.spec.containers[0]: a command is required" in result.stderr
+
+
+@pytest.mark.parametrize(("command", "why"), [
+    ("no-such-program-here", "not found on PATH"),
+    ("./missing.sh", "no executable file at"),
+])
+def test_a_command_that_cannot_be_executed_is_refused_by_field(tmp_path, command, why):
+    result = run_cli(tmp_path, GOOD.replace('command: [python, -c, "pass"]', f"command: [{command}]"))
+    assert result.returncode == 2, result.stderr
+    assert f"spec.template.spec.containers[0]: command '{command}' cannot be executed here ({why}" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -95,8 +95,9 @@ class Sim:
     def vanish(self, pod: str) -> None:
         del self.pods[pod]
 
-    def report(self, world: str, epoch: int, pod: str = "", peer_rank: int | None = None) -> None:
-        self.reports.append(BrokenWorldReport(world=world, epoch=epoch, reason="peer timed out", pod=pod,
+    def report(self, world: str, epoch: int, pod: str = "", peer_rank: int | None = None,
+               reason: str = "peer timed out") -> None:
+        self.reports.append(BrokenWorldReport(world=world, epoch=epoch, reason=reason, pod=pod,
                                               peer_rank=peer_rank, time=self.now))
 
     def advance(self, seconds: float) -> None:

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from multiworld_operator.planner import MultiWorldStatus, Observation, Plan, plan
-from multiworld_operator.spec import MultiWorld
+from multiworld_operator import spec
+from multiworld_operator.spec import MultiWorld, parse_duration
 from planner_sim import Sim, endpoint, make
 
 # PLANNER_EXAMPLES=3000 for a long hunt; the default keeps the suite quick.
@@ -20,8 +21,31 @@ SETTINGS = settings(max_examples=int(os.environ.get("PLANNER_EXAMPLES", "150")),
                     suppress_health_check=[HealthCheck.too_slow])
 
 
+SMALL_POLICIES = st.fixed_dictionaries({
+    "maxRestarts": st.integers(0, 3),
+    "window": st.sampled_from(["30s", "5m"]),
+    "backoff": st.fixed_dictionaries({"initialDelay": st.sampled_from(["0s", "2s", "7s"]), "maxDelay": st.just("20s")}),
+})
+
+
+def durations() -> st.SearchStrategy[str]:
+    """Any duration the schema admits, its maximum included."""
+    seconds = parse_duration(spec.MAX_DURATION)
+    return st.one_of(st.integers(0, int(seconds)).map(lambda s: f"{s}s"),
+                     st.sampled_from(["0s", "500ms", "1h30m", spec.MAX_DURATION]))
+
+
+# Every number and duration over the schema's whole range.
+WHOLE_RANGE_POLICIES = st.fixed_dictionaries({
+    "maxRestarts": st.integers(0, spec.MAX_RESTARTS),
+    "window": durations(),
+    "backoff": st.fixed_dictionaries({"initialDelay": durations(), "maxDelay": durations(),
+                                      "factor": st.floats(1.0, spec.MAX_FACTOR)}),
+})
+
+
 @st.composite
-def topologies(draw: st.DrawFn) -> MultiWorld:
+def topologies(draw: st.DrawFn, policies: st.SearchStrategy[dict[str, Any]] = SMALL_POLICIES) -> MultiWorld:
     members = [{"name": f"m{i}", "replicas": draw(st.integers(1, 2))} for i in range(draw(st.integers(2, 4)))]
     names = [m["name"] for m in members]
     worlds: list[dict[str, Any]] = []
@@ -29,12 +53,7 @@ def topologies(draw: st.DrawFn) -> MultiWorld:
         ranks = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
         if sum(m["replicas"] for m in members if m["name"] in ranks) < 2:
             ranks.append(next(n for n in names if n not in ranks))
-        policy = {
-            "maxRestarts": draw(st.integers(0, 3)),
-            "window": draw(st.sampled_from(["30s", "5m"])),
-            "backoff": {"initialDelay": draw(st.sampled_from(["0s", "2s", "7s"])), "maxDelay": "20s"},
-        }
-        worlds.append({"name": f"world{i}", "ranks": ranks, "failurePolicy": policy})
+        worlds.append({"name": f"world{i}", "ranks": ranks, "failurePolicy": draw(policies)})
     for name in names:  # every member must be in some world
         if not any(name in w["ranks"] for w in worlds):
             worlds[draw(st.integers(0, len(worlds) - 1))]["ranks"].append(name)
@@ -153,6 +172,16 @@ def test_invariants_hold_under_random_faults(mw: MultiWorld, faults: list[tuple[
             sim.execute(result)
         else:
             sim.status = result.status  # the platform stored the status but lagged on the pods
+
+
+@SETTINGS
+@given(mw=topologies(WHOLE_RANGE_POLICIES), faults=st.lists(FAULTS, max_size=25))
+def test_the_planner_never_raises_over_the_schemas_whole_range(mw: MultiWorld, faults: list[tuple[Any, ...]]) -> None:
+    sim = Sim(mw)
+    sim.step()
+    for fault in faults:
+        inject(sim, fault)
+        sim.execute(sim.plan())
 
 
 @SETTINGS

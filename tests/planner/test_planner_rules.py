@@ -193,6 +193,43 @@ def test_report_at_current_epoch_fails_the_world_and_keeps_the_shared_pod() -> N
     assert "peer timed out" in failure.message and W2_0 in failure.message
 
 
+JOIN_TIMED_OUT = "join failed: world 'world1' epoch 1: timed out waiting for rank(s) 2"
+
+
+def test_slow_scheduling_is_not_a_failure() -> None:
+    """A rank's pod still Pending (unschedulable here): the world waits, says for whom and why
+    (an Event once), and its members' join timeouts are no failures, then or later."""
+    sim = Sim(seed_topology())
+    sim.step()
+    sim.start_all()
+    sim.pods[W1_1] = sim.pods[W1_1].model_copy(update={
+        "phase": "Pending", "joined": None, "waiting": "Unschedulable: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu"})
+    result = sim.step()
+    world1 = result.status.worlds["world1"]
+    assert world1.phase == "Pending" and world1.waiting == {W1_1: "Unschedulable: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu"}
+    assert sorted(reasons(sim)) == [("WorldReady", "world2"), ("WorldWaiting", "world1")]
+    (waiting,) = [e.message for e in result.events if e.reason == "WorldWaiting"]
+    assert W1_1 in waiting and "Insufficient nvidia.com/gpu" in waiting
+    sim.advance(300)
+    sim.report("world1", epoch=1, pod=LEADER, reason=JOIN_TIMED_OUT)
+    result = sim.step()
+    assert sim.epoch("world1") == 1 and reasons(sim) == []  # no failure, and no second WorldWaiting
+    sim.advance(30)
+    sim.start_all()  # the pod got its GPU: it starts after the report was made
+    sim.pods[W1_1] = sim.pods[W1_1].model_copy(update={"started": sim.now})
+    result = sim.step()
+    assert sim.epoch("world1") == 1 and result.status.worlds["world1"].phase == "Running"
+    assert result.status.worlds["world1"].waiting == {}
+
+
+def test_a_join_timeout_while_every_rank_ran_is_a_failure() -> None:
+    sim = running()
+    sim.advance(300)
+    sim.report("world1", epoch=1, pod=LEADER, reason=JOIN_TIMED_OUT)
+    sim.step()
+    assert sim.epoch("world1") == 2
+
+
 def test_report_without_peer_names_the_reporter() -> None:
     sim = running()
     sim.report("world1", epoch=1, pod=W1_1)

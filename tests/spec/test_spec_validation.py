@@ -133,15 +133,31 @@ def test_refusals_name_the_field(edit: Any, path: str, fragment: str) -> None:
 
 def test_pod_name_limit_counts_the_highest_ordinal() -> None:
     data = manifest(members=[{"name": "a"}, {"name": "b"}], worlds=[{"name": "pair", "ranks": ["a", "b"]}])
-    data["metadata"]["name"] = "m" * 57
-    for replicas in (1, 10, 100, 1000):  # longest pod name 61, 61, 62, 63 characters: fits
+    data["metadata"]["name"] = "m" * 58
+    for replicas in (1, 10, 100):  # longest pod name 62, 62, 63 characters: fits
         data["spec"]["members"][0]["replicas"] = replicas
         parse_manifest(data)
-    data["spec"]["members"][0]["replicas"] = 10000  # m...m-a-9999 is 64 characters
+    data["spec"]["members"][0]["replicas"] = 1000  # m...m-a-999 is 64 characters
     assert problems_of(data) == [
-        f"spec.members[0].name: pod name '{'m' * 57}-a-9999' is 64 characters; "
+        f"spec.members[0].name: pod name '{'m' * 58}-a-999' is 64 characters; "
         "<name>-<member>-<ordinal> must fit in 63"
     ]
+
+
+@pytest.mark.parametrize(("path", "value", "problem"), [
+    (("failurePolicy", "window"), "10000000d", "failurePolicy.window: '10000000d' is longer than the maximum duration, 366d"),
+    (("failurePolicy", "backoff", "initialDelay"), "367d", "initialDelay: '367d' is longer than the maximum duration, 366d"),
+    (("failurePolicy", "backoff", "factor"), 1e40, "factor: Input should be less than or equal to 100"),
+    (("failurePolicy", "maxRestarts"), 10**9, "maxRestarts: Input should be less than or equal to 10000"),
+])
+def test_every_number_and_duration_has_a_maximum(path: tuple[str, ...], value: object, problem: str) -> None:
+    data = manifest(members=[{"name": "a", "replicas": 2}], worlds=[{"name": "w", "ranks": ["a"]}])
+    target = data["spec"]["worlds"][0]
+    for key in path[:-1]:
+        target = target.setdefault(key, {})
+    target[path[-1]] = value
+    (found,) = problems_of(data)
+    assert found.startswith("spec.worlds[0].") and found.endswith(problem), found
 
 
 def test_replicas_count_towards_world_size() -> None:

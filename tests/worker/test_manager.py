@@ -4,6 +4,7 @@ managers, gloo over loopback, each with its own local channel to the runner's re
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -81,6 +82,78 @@ def test_a_replaced_instance_never_takes_its_pods_rank_again(table_server) -> No
     finally:
         old.close()
         new.close()
+
+
+def test_an_environment_epoch_older_than_the_table_is_left_out(table_server) -> None:
+    """At start-up the live table can arrive before the environment's worlds are joined and
+    already carry a newer epoch: init_from_env leaves the older assignment out (a plain join of
+    it is refused) and waits for the table's join instead of dying."""
+    (port,) = free_ports(1)
+    table_server.publish(table(1, ("w", 2, port, ["p0", "p1"])))
+    m0, m1 = managers(table_server, "p0", "p1")
+    try:
+        assert [m.wait_world_blocking("w", timeout=60).epoch for m in (m0, m1)] == [2, 2]
+        from_env = mw.WorldAssignment(name="w", rank=0, size=2, host="127.0.0.1", port=port, epoch=1)
+        with pytest.raises(mw.StaleEpochError):
+            m0.join(from_env)
+        (join,) = m0._start_joins([from_env], newest_only=True)
+        assert join.result() is m0.world("w") and join.result().epoch == 2
+    finally:
+        m0.close()
+        m1.close()
+
+
+def test_following_a_table_a_timed_out_join_goes_on_waiting(table_server) -> None:
+    """A peer slow to start (its pod still scheduling): the member reports the timed-out join
+    and keeps waiting at the same epoch, so the world forms when the peer comes."""
+    (port,) = free_ports(1)
+    table_server.publish(table(1, ("w", 1, port, ["p0", "p1"])))
+    patient = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=1, op_timeout=30)
+    first = mw.WorldManager(pod="p0", config=patient, channel=open_channel(table_server.url, "p0"))
+    late = None
+    try:
+        table_server.wait_until(lambda: any(r.world == "w" and r.reason.startswith("join failed: ")
+                                            for r in table_server.reports), "a timed-out join reported")
+        time.sleep(1.5)  # another timeout or two pass: still waiting, at the same epoch
+        assert first.worlds() == {} and set(first._joins) == {"w"}
+        late = mw.WorldManager(pod="p1", config=FAST, channel=open_channel(table_server.url, "p1"))
+        worlds = [m.wait_world_blocking("w", timeout=60) for m in (first, late)]
+        assert [w.epoch for w in worlds] == [1, 1]
+    finally:
+        first.close()
+        if late is not None:
+            late.close()
+
+
+def _port_free(port: int) -> bool:
+    """Nothing listens on `port` (connections of a closed server may linger in TIME_WAIT)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.mark.parametrize("ending", ["timed out", "called off"])
+def test_a_failed_rank0_join_stops_the_store_it_started(ending: str) -> None:
+    (port,) = free_ports(1)
+    config = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=60 if ending == "called off" else 1,
+                             op_timeout=30)
+    manager = mw.WorldManager(pod="p0", config=config)
+    try:
+        join = manager._start_join(mw.WorldAssignment(name="w", rank=0, size=2, host="127.0.0.1", port=port))
+        deadline = time.monotonic() + 30
+        while _port_free(port) and time.monotonic() < deadline:  # the store serves: its peer never comes
+            time.sleep(0.05)
+        assert not _port_free(port)
+        if ending == "called off":
+            manager.leave("w")
+        assert join.done.wait(60) and join.error is not None
+        assert _port_free(port), "the store server outlived its join"
+    finally:
+        manager.close()
 
 
 def test_a_peer_leaving_breaks_the_world_and_its_name_is_used_again(table_server) -> None:

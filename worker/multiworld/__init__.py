@@ -19,6 +19,7 @@ from multiworld.contract import (
 )
 from multiworld.detect import DetectConfig
 from multiworld.errors import (
+    JoinTimedOut,
     MultiWorldError,
     StaleEpochError,
     UnknownWorldError,
@@ -49,6 +50,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BrokenWorldReport",
     "DetectConfig",
+    "JoinTimedOut",
     "MultiWorldError",
     "ReduceOp",
     "StaleEpochError",

@@ -154,6 +154,10 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# How a report of a join that timed out or was refused begins (BrokenWorldReport.reason).
+JOIN_FAILED = "join failed: "
+
+
 class BrokenWorldReport(_Model):
     """A process's verdict that one world (at one epoch) is broken."""
 

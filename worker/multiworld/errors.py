@@ -53,6 +53,11 @@ class JoinCancelled(WorldJoinError):
         super().__init__(f"join of world {world!r} was cancelled")
 
 
+class JoinTimedOut(WorldJoinError):
+    """The join timeout passed before every member came (or before rank 0's store answered):
+    a peer may be slow to start (its pod still scheduling or pulling its image)."""
+
+
 class StaleEpochError(WorldJoinError):
     """The world has moved on to a newer epoch than the one asked for."""
 

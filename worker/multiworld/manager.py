@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from multiworld import shutdown
 from multiworld.channels import Channel
 from multiworld.channels.none import NoneChannel
-from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
+from multiworld.contract import JOIN_FAILED, BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
 from multiworld.detect import DetectConfig
 from multiworld.errors import (
     JoinCancelled,
+    JoinTimedOut,
     StaleEpochError,
     UnknownWorldError,
     WorldBrokenError,
@@ -45,6 +46,14 @@ class _Join:
         self.done = threading.Event()
         self.world: World | None = None
         self.error: BaseException | None = None
+
+    @classmethod
+    def holding(cls, world: World) -> _Join:
+        """A finished join of a world already held."""
+        join = cls(world.assignment)
+        join.world = world
+        join.done.set()
+        return join
 
     def result(self) -> World:
         if self.error is not None:
@@ -78,6 +87,7 @@ class WorldManager:
         self._joined_at: dict[str, datetime] = {}
         self.config = config if config is not None else DetectConfig.from_env()
         self._channel: Channel = channel if channel is not None else NoneChannel()
+        self._follows_table = channel is not None and not isinstance(channel, NoneChannel)
         self._device = device
         self._lock = threading.RLock()
         self._worlds: dict[str, World] = {}
@@ -117,10 +127,30 @@ class WorldManager:
     def join_all(self, assignments: Iterable[WorldAssignment]) -> dict[str, World]:
         """Join several worlds in parallel (a process can wait on another in one world while that
         one waits on it in another). Returns the worlds joined; failures are logged and reported."""
-        joins = [self._start_join(_assignment(a)) for a in assignments]
+        joins = self._start_joins(assignments)
         for join in joins:
             join.done.wait()
         return {j.assignment.name: j.world for j in joins if j.world is not None}
+
+    def _start_joins(self, assignments: Iterable[WorldAssignment], *, newest_only: bool = False) -> list[_Join]:
+        """Start joining each world in the background. newest_only: an assignment older than the
+        epoch this manager already holds or joins for that world is left out (StaleEpochError
+        otherwise), and that newer join is returned in its place."""
+        joins = []
+        for a in assignments:
+            try:
+                joins.append(self._start_join(_assignment(a)))
+            except StaleEpochError:
+                if not newest_only:
+                    raise
+                with self._lock:
+                    newer = self._joins.get(a.name)
+                    held = self._worlds.get(a.name)
+                if newer is None and held is not None:
+                    newer = _Join.holding(held)
+                if newer is not None:
+                    joins.append(newer)
+        return joins
 
     def _start_join(self, a: WorldAssignment) -> _Join:
         with self._lock:
@@ -136,10 +166,7 @@ class WorldManager:
             held = self._worlds.get(a.name)
             if held is not None:
                 if held.assignment == a and not held.broken:
-                    done = _Join(a)
-                    done.world = held
-                    done.done.set()
-                    return done
+                    return _Join.holding(held)
                 if held.assignment == a:
                     raise WorldJoinError(
                         f"world {a.name!r} epoch {a.epoch} is broken ({held.error.reason if held.error else ''}); "
@@ -192,6 +219,7 @@ class WorldManager:
         if not current:
             world._close("cancelled its join")
             join.error = JoinCancelled(name)
+            self._unserve_if_unused(join.assignment)
         join.done.set()
         self._changed()
 
@@ -200,18 +228,41 @@ class WorldManager:
         join.error = exc
         with self._lock:
             current = self._joins.get(a.name) is join
+            # Following a live table, a join that timed out goes on waiting (a peer's pod may be
+            # scheduling or pulling its image); the platform decides from the report whether
+            # the epoch failed, and a newer epoch calls this join off.
+            again = current and isinstance(exc, JoinTimedOut) and self._follows_table and not self._closed
             if current:
                 del self._joins[a.name]
-                self._given_up[a.name] = max(self._given_up.get(a.name, 0), a.epoch)
+                if again:
+                    retry = _Join(a)
+                    self._joins[a.name] = retry
+                    shutdown.start_thread(self._run_join, f"mw-join-{a.name}-{a.epoch}", retry)
+                else:
+                    self._given_up[a.name] = max(self._given_up.get(a.name, 0), a.epoch)
         if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):
             log.warning("could not join world %s epoch %d: %s", a.name, a.epoch, exc)
             self._channel.report(
-                BrokenWorldReport(world=a.name, epoch=a.epoch, reason=f"join failed: {exc}", pod=self.pod)
+                BrokenWorldReport(world=a.name, epoch=a.epoch, reason=f"{JOIN_FAILED}{exc}", pod=self.pod)
             )
         elif current:
             log.info("gave up joining world %s epoch %d: %s", a.name, a.epoch, exc)
+        self._unserve_if_unused(a)
         join.done.set()
         self._changed()
+
+    def _unserve_if_unused(self, a: WorldAssignment) -> None:
+        """After a rank-0 join failed or was called off: stop the store server it started,
+        unless a newer join or a held world of this process serves on that port. Under the lock,
+        so no join can start reusing the server in between."""
+        if a.rank != 0:
+            return
+        from multiworld import stores
+
+        with self._lock:
+            users = [j.assignment for j in self._joins.values()] + [w.assignment for w in self._worlds.values()]
+            if not any(u.rank == 0 and u.port == a.port for u in users):
+                stores.stop_serving(a.name, a.port)
 
     # -- the live table ------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from torch.distributed import Store
 
 from multiworld.contract import WorldAssignment
 from multiworld.detect import Verdict, abort_key, epoch_key, heartbeat_key, short
-from multiworld.errors import JoinCancelled, StaleEpochError, WorldJoinError
+from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, WorldJoinError
 
 # How often a waiting member looks for the others: the bound on how late it notices them.
 _POLL = 0.02
@@ -129,4 +129,4 @@ class Rendezvous:
             raise StaleEpochError(f"{self._what} is stale: the world moved on to epoch {current}")
         if time.monotonic() >= self._deadline:
             missing = [k.rsplit("/", 1)[1] for k in keys if not self._store.check([k])]
-            raise WorldJoinError(f"{self._what}: timed out waiting for rank(s) {', '.join(missing)}")
+            raise JoinTimedOut(f"{self._what}: timed out waiting for rank(s) {', '.join(missing)}")

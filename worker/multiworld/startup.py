@@ -31,9 +31,10 @@ def init_from_env(
     channel = open_channel(env.table, env.pod)
     manager = WorldManager(pod=env.pod, config=config, channel=channel, device=device,
                            instance={a.name: a.epoch for a in env.worlds})
+    # The live table may reach the manager first and already carry newer epochs: an environment
+    # assignment older than what it gave is left out, not raised.
+    joins = manager._start_joins(env.worlds, newest_only=True)
     if wait:
-        manager.join_all(env.worlds)
-    else:
-        for assignment in env.worlds:
-            manager._start_join(assignment)
+        for join in joins:
+            join.done.wait()
     return manager

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 
-from multiworld.errors import JoinCancelled, WorldJoinError
+from multiworld.errors import JoinCancelled, JoinTimedOut, WorldJoinError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def connect(
             raise JoinCancelled(world)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise WorldJoinError(f"cannot reach the store of world {world!r} at {host}:{port}")
+            raise JoinTimedOut(f"cannot reach the store of world {world!r} at {host}:{port}")
         try:
             socket.create_connection((host, port), timeout=min(remaining, _PROBE_TIMEOUT)).close()
         except OSError:

@@ -56,8 +56,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 What the operator does in a namespace it manages, and no more: watch MultiWorlds and patch their
 status (its kopf handlers only watch, so kopf keeps no annotations or finalizers on them), create
-and delete their Pods, create their headless Services (owner references delete them), and post
-Events. Used by the ClusterRole (all namespaces) or by each Role (listed namespaces).
+and delete their Pods, create their headless Services (owner references delete them), keep
+their NetworkPolicies (spec.networkPolicy), and post Events. Used by the ClusterRole (all namespaces) or by each Role (listed namespaces).
 */}}
 {{- define "multiworld-operator.managedRules" -}}
 - apiGroups: ["multiworld.io"]
@@ -75,4 +75,7 @@ Events. Used by the ClusterRole (all namespaces) or by each Role (listed namespa
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "patch", "delete"]
 {{- end }}

@@ -29,6 +29,7 @@ class KubeApi:
     def __init__(self, api: client.ApiClient, timeout: float = REQUEST_TIMEOUT_S) -> None:
         api.user_agent = COMPONENT  # names the operator in managedFields and audit logs
         self.core = client.CoreV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.timeout = timeout
 
@@ -48,6 +49,40 @@ class KubeApi:
 
     async def create_service(self, namespace: str, body: dict[str, Any]) -> bool:
         return await self._create(self.core.create_namespaced_service, namespace, body)
+
+    async def create_network_policy(self, namespace: str, body: dict[str, Any]) -> bool:
+        return await self._create(self.networking.create_namespaced_network_policy, namespace, body)
+
+    async def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._read(self.networking.read_namespaced_network_policy, namespace, name)
+
+    async def patch_network_policy(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        await self._call(self.networking.patch_namespaced_network_policy, name, namespace, patch,
+                         _content_type=MERGE_PATCH)
+
+    async def delete_network_policy(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            await self._call(self.networking.delete_namespaced_network_policy, name, namespace,
+                             body={"preconditions": {"uid": uid}})
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._read(self.core.read_namespaced_pod, namespace, name)
+
+    async def read_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._read(self.core.read_namespaced_service, namespace, name)
+
+    async def _read(self, method: Callable[..., Any], namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when there is none."""
+        try:
+            found: dict[str, Any] = await self._call(method, name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return found
 
     async def _create(self, method: Callable[..., Any], namespace: str, body: dict[str, Any]) -> bool:
         try:

@@ -62,6 +62,9 @@ def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]
     for container in spec.get("containers") or []:
         own = [e for e in container.get("env") or [] if e.get("name") not in env]
         container["env"] = own + [{"name": key, "value": value} for key, value in env.items()]
+        # A worker that must stop says why in its last log lines when it could not write
+        # /dev/termination-log; the operator quotes that message in the failure it reports.
+        container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     spec.update(restartPolicy="Never", hostname=action.pod, subdomain=name)
     return {
         "apiVersion": "v1",
@@ -85,6 +88,43 @@ def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
+def network_policy_body(multiworld: Mapping[str, Any], declared_ports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The NetworkPolicy `<mw>`: the pods admit their own MultiWorld's pods on any port (rank 0's
+    store, gloo and NCCL on ephemeral ports) and anyone on the container ports the templates
+    declare (the user's own serving ports); nothing else reaches them where policies are
+    enforced. Egress is not restricted."""
+    meta = multiworld["metadata"]
+    ours = {"matchLabels": {NAME_LABEL: meta["name"]}}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": ours}]}]
+    if declared_ports:
+        ingress.append({"ports": declared_ports})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _named_after(multiworld),
+        "spec": {"podSelector": ours, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def declared_ports(templates: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every container port the templates declare, as NetworkPolicy ports (deduplicated)."""
+    found: list[dict[str, Any]] = []
+    for template in templates:
+        for container in (template.get("spec") or {}).get("containers") or []:
+            for port in container.get("ports") or []:
+                entry = {"port": port["containerPort"], "protocol": port.get("protocol", "TCP")}
+                if entry not in found:
+                    found.append(entry)
+    return found
+
+
+def _named_after(multiworld: Mapping[str, Any]) -> dict[str, Any]:
+    """Metadata of an object named after its MultiWorld, labelled with it and owned by it."""
+    meta = multiworld["metadata"]
+    return {"name": meta["name"], "namespace": meta["namespace"], "labels": {NAME_LABEL: meta["name"]},
+            "ownerReferences": [owner_reference(multiworld)]}
+
+
 def service_body(multiworld: Mapping[str, Any]) -> dict[str, Any]:
     """The headless Service `<mw>`: DNS for every pod, ready or not (ranks rendezvous before
     any readiness probe could pass)."""
@@ -92,12 +132,7 @@ def service_body(multiworld: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "labels": {NAME_LABEL: meta["name"]},
-            "ownerReferences": [owner_reference(multiworld)],
-        },
+        "metadata": _named_after(multiworld),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,

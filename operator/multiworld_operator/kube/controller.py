@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from .api import KubeApi
-from .reconcile import MultiWorldGone, PodsRefused, Reconciler, api_message
+from .reconcile import MultiWorldGone, CreateRefused, Reconciler, api_message
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,20 @@ class ReconcileLoop:
             except MultiWorldGone:
                 log.info("%s/%s: gone; reconcile loop ends", *self.key)
                 return
-            except (ApiException, PodsRefused, OSError) as error:
+            except (ApiException, CreateRefused, OSError) as error:
                 wait = self._backoff(error)
-            except Exception:  # a bug must not end the loop of this MultiWorld for good
+                if isinstance(error, CreateRefused):
+                    await self._report(error)
+            except Exception as error:  # a bug must not end the loop of this MultiWorld for good
                 log.exception("%s/%s: reconcile step failed", *self.key)
                 wait = self._backoff(None)
+                await self._report(error)
+
+    async def _report(self, error: Exception) -> None:
+        try:
+            await self.reconciler.report_error(error)
+        except (ApiException, OSError, MultiWorldGone) as failure:  # best effort: the step is retried anyway
+            log.warning("%s/%s: could not report the failed step: %s", *self.key, failure)
 
     def _backoff(self, error: BaseException | None) -> float:
         self.failures += 1

@@ -56,8 +56,65 @@ class PodMeta(_Lenient):
     deletion_timestamp: datetime | None = Field(default=None, alias="deletionTimestamp")
 
 
+class Terminated(_Lenient):
+    message: str = ""
+
+
+class Waiting(_Lenient):
+    reason: str = ""
+    message: str = ""
+
+
+class Running(_Lenient):
+    started_at: datetime | None = Field(default=None, alias="startedAt")
+
+
+class ContainerState(_Lenient):
+    terminated: Terminated | None = None
+    waiting: Waiting | None = None
+    running: Running | None = None
+
+
+class PodCondition(_Lenient):
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+
+
+class ContainerStatus(_Lenient):
+    state: ContainerState = Field(default_factory=ContainerState)
+
+
 class PodState(_Lenient):
     phase: str = "Pending"
+    conditions: list[PodCondition] = Field(default_factory=list)
+    container_statuses: list[ContainerStatus] = Field(default_factory=list, alias="containerStatuses")
+
+    @property
+    def waiting(self) -> str:
+        """Why a Pending pod waits: not scheduled, or a container not started (with the
+        scheduler's or the kubelet's own words)."""
+        for condition in self.conditions:
+            if condition.type == "PodScheduled" and condition.status == "False":
+                return ": ".join(part for part in (condition.reason or "Unscheduled", condition.message) if part)
+        for status in self.container_statuses:
+            if status.state.waiting is not None and status.state.waiting.reason:
+                return ": ".join(part for part in (status.state.waiting.reason, status.state.waiting.message) if part)
+        return ""
+
+    @property
+    def started(self) -> datetime | None:
+        """When the last of its containers started running."""
+        times = [s.state.running.started_at for s in self.container_statuses
+                 if s.state.running is not None and s.state.running.started_at is not None]
+        return max(times) if times else None
+
+    @property
+    def termination_message(self) -> str:
+        """What the first container that ended with a message said (its termination message)."""
+        return next((s.state.terminated.message.strip() for s in self.container_statuses
+                     if s.state.terminated is not None and s.state.terminated.message.strip()), "")
 
 
 class KubePod(_Lenient):
@@ -98,6 +155,9 @@ def observe_pods(items: list[Mapping[str, Any]], owner_uid: str) -> ObservedPods
             member=meta.labels.get(MEMBER_LABEL, ""),
             ordinal=_ordinal(meta.labels.get(ORDINAL_LABEL)),
             phase=_PHASES.get(pod.status.phase, "Pending"),
+            message=pod.status.termination_message,
+            waiting=pod.status.waiting if pod.status.phase == "Pending" else "",
+            started=pod.status.started,
             created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
             joined=_joined(meta),
         ))

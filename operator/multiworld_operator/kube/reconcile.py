@@ -24,20 +24,24 @@ from kubernetes.client.rest import ApiException
 from ..planner import MultiWorldStatus, Observation, Plan, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
 from .api import KubeApi
-from .bodies import pod_body, rendezvous_host, selector, service_body
+from .bodies import declared_ports, network_policy_body, pod_body, rendezvous_host, selector, service_body
 from .observe import ObservedPods, observe_pods
 from .ports import world_ports
-from .refusal import INVALID_SPEC, refusal_patch
+from .refusal import CREATE_REFUSED, INVALID_SPEC, RECONCILE_ERROR, error_patch, refusal_patch
 
 log = logging.getLogger(__name__)
+
+# Kubernetes caps an Event's message at 1 KiB.
+EVENT_MESSAGE_MAX = 1024
 
 
 class MultiWorldGone(Exception):
     """The MultiWorld was deleted while a step ran."""
 
 
-class PodsRefused(Exception):
-    """The API refused some pod creates; the step is retried after a backoff."""
+class CreateRefused(Exception):
+    """The API refused some creates (a pod, the Service), or their names are taken by objects
+    that are not this MultiWorld's; the step is retried after a backoff."""
 
 
 class Reconciler:
@@ -49,6 +53,8 @@ class Reconciler:
         self.body: dict[str, Any] = dict(body)
         self.stored: dict[str, Any] | None = body.get("status")
         self.service_known = False
+        # The spec generation whose NetworkPolicy was last made to match (None: not yet).
+        self.policy_checked: int | None = None
         # Create failures already posted as Events, so a retried step does not repeat them.
         self._reported_errors: set[str] = set()
 
@@ -72,7 +78,7 @@ class Reconciler:
         new = body["metadata"]
         renewed = new["uid"] != old["uid"]
         if renewed:
-            self.stored, self.service_known = body.get("status"), False
+            self.stored, self.service_known, self.policy_checked = body.get("status"), False, None
             self._reported_errors.clear()
         self.body = dict(body)
         return renewed or new.get("generation") != old.get("generation") or self.deleting
@@ -95,6 +101,7 @@ class Reconciler:
         seen = observe_pods(items, self.uid)
         result = self._plan(multiworld, seen)
         await self._ensure_service(body)
+        await self._ensure_network_policy(body, multiworld)
         for delete in result.deletes:
             uid = seen.present.get(delete.pod)
             if uid is not None and delete.pod not in seen.terminating:
@@ -111,7 +118,10 @@ class Reconciler:
             if create.pod in seen.present:
                 continue  # created once the old instance (or an older MultiWorld's pod) is gone
             try:
-                await self.api.create_pod(self.namespace, pod_body(create, body))
+                if not await self.api.create_pod(self.namespace, pod_body(create, body)):
+                    taken = await self._taken("pod", create.pod, await self.api.read_pod(self.namespace, create.pod))
+                    if taken:
+                        failures.append(taken)
             except ApiException as error:
                 if error.status is not None and error.status >= 500:
                     raise
@@ -133,9 +143,47 @@ class Reconciler:
         )
 
     async def _ensure_service(self, body: Mapping[str, Any]) -> None:
-        if not self.service_known:
-            await self.api.create_service(self.namespace, service_body(body))
-            self.service_known = True
+        if self.service_known:
+            return
+        if not await self.api.create_service(self.namespace, service_body(body)):
+            taken = await self._taken("Service", self.name, await self.api.read_service(self.namespace, self.name))
+            if taken:
+                await self._report_create_failures([taken])
+        self.service_known = True
+
+    async def _ensure_network_policy(self, body: Mapping[str, Any], multiworld: MultiWorld) -> None:
+        """The MultiWorld's NetworkPolicy exists while spec.networkPolicy is on, and ours is gone
+        when it is off. Checked once per spec generation."""
+        generation = body["metadata"].get("generation")
+        if self.policy_checked == generation:
+            return
+        if multiworld.spec.network_policy:
+            templates = [multiworld.template_of(m.name) for m in multiworld.spec.members]
+            policy = network_policy_body(body, declared_ports(templates))
+            if not await self.api.create_network_policy(self.namespace, policy):
+                found = await self.api.read_network_policy(self.namespace, self.name)
+                taken = await self._taken("NetworkPolicy", self.name, found)
+                if taken:
+                    await self._report_create_failures([taken])
+                if found is not None and found["spec"] != policy["spec"]:  # the declared ports changed
+                    await self.api.patch_network_policy(self.namespace, self.name, {"spec": policy["spec"]})
+        else:
+            found = await self.api.read_network_policy(self.namespace, self.name)
+            if found is not None and not await self._taken("NetworkPolicy", self.name, found):
+                await self.api.delete_network_policy(self.namespace, self.name, found["metadata"]["uid"])
+        self.policy_checked = generation
+
+    async def _taken(self, kind: str, name: str, found: Mapping[str, Any] | None) -> str | None:
+        """Why `name` cannot be ours: an object of that name that this MultiWorld does not own
+        (left alone, and named with its owner); None when it is ours, or gone meanwhile."""
+        if found is None:
+            return None
+        owners = found["metadata"].get("ownerReferences") or []
+        if any(ref.get("uid") == self.uid and ref.get("controller") for ref in owners):
+            return None
+        owner = next((f"{ref['kind']} {ref['name']}" for ref in owners if ref.get("controller")), None)
+        return (f"{kind} {name} already exists and is not this MultiWorld's "
+                f"({'owned by ' + owner if owner else 'it has no owner'}); it is left alone")
 
     async def _store(self, status: MultiWorldStatus) -> None:
         desired = status.to_dict()
@@ -161,14 +209,30 @@ class Reconciler:
         await self._patch_status(patch, {**(self.stored or {}), **patch})
         await self._event("Warning", INVALID_SPEC, patch["conditions"][-1]["message"])
 
+    async def report_error(self, error: Exception) -> None:
+        """A failed step shows in the status (and, when unexpected, as an Event; refused creates
+        have theirs already), once per distinct message, not only in the operator's log."""
+        if isinstance(error, CreateRefused):
+            reason, message = CREATE_REFUSED, str(error)
+        else:
+            reason, message = RECONCILE_ERROR, f"reconcile step failed: {type(error).__name__}: {error}"
+        message = message[:EVENT_MESSAGE_MAX]
+        patch = error_patch(self.stored, reason, message, datetime.now(timezone.utc))
+        if patch is None:
+            return
+        await self._patch_status(patch, {**(self.stored or {}), **patch})
+        if reason == RECONCILE_ERROR:
+            await self._event("Warning", RECONCILE_ERROR, message)
+
     async def _report_create_failures(self, failures: list[str]) -> None:
-        """Pods the API refused (a template Kubernetes rejects, a quota, RBAC): an Event once
-        per distinct refusal, then the loop retries with a backoff."""
+        """Creates the API refused (a template Kubernetes rejects, a quota, RBAC) or names taken
+        by objects not ours: an Event once per distinct refusal, then the loop retries with a
+        backoff."""
         new = [f for f in failures if f not in self._reported_errors]
         for failure in new:
-            await self._event("Warning", "CreatePodFailed", failure)
+            await self._event("Warning", CREATE_REFUSED, failure)
             self._reported_errors.add(failure)
-        raise PodsRefused("; ".join(failures))
+        raise CreateRefused("; ".join(failures))
 
     async def _event(self, type_: str, reason: str, message: str) -> None:
         """Events are best effort: a lost one must not stop the reconcile."""

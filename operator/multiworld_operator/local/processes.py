@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -50,6 +51,15 @@ def container_command(template: Mapping[str, Any], field: str) -> tuple[list[str
         else:
             log.warning("%s.spec.containers[0].env[%s]: valueFrom is ignored locally", field, item.get("name"))
     return argv, env
+
+
+def check_executable(argv: list[str], workdir: Path, field: str) -> None:
+    """Refuse, naming the field, a command this machine cannot execute."""
+    program = argv[0]
+    found = str(workdir / program) if "/" in program else shutil.which(program)
+    if found is None or not Path(found).is_file() or not os.access(found, os.X_OK):
+        where = f"no executable file at {found}" if "/" in program else "not found on PATH"
+        raise TemplateError(f"{field}.spec.containers[0]: command {program!r} cannot be executed here ({where})")
 
 
 def find_workdir(argv: list[str], candidates: list[Path]) -> Path:

@@ -30,7 +30,17 @@ from ..spec import MultiWorld, SpecError, load_manifest
 from .channel_server import ChannelServer
 from .faults import FaultSchedule, Kill, planned_kills
 from .gpus import cuda_device_count, gpu_env
-from .processes import RUN_ENV, MemberProcess, SparePool, TemplateError, container_command, find_workdir, group_alive, is_python_script
+from .processes import (
+    RUN_ENV,
+    MemberProcess,
+    SparePool,
+    TemplateError,
+    check_executable,
+    container_command,
+    find_workdir,
+    group_alive,
+    is_python_script,
+)
 from .summary import RunSummary, WorldTracker
 from .view import LiveView, WorldRow
 
@@ -65,14 +75,17 @@ class LocalRunner:
         self.duration = duration
         self.rng = random.Random(seed)
         self.faults = FaultSchedule(kills, chaos_per_minute, [m.name for m in multiworld.spec.members], self.rng)
-        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"multiworld-{multiworld.name}-"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.view = view or LiveView(f"multiworld run {multiworld.name}")
         self.commands = {m.name: container_command(multiworld.template_of(m.name), _template_field(multiworld, m.name))
                          for m in multiworld.spec.members}
         self.workdir = workdir or find_workdir(
             next(iter(self.commands.values()))[0], [Path.cwd(), manifest_dir, *manifest_dir.parents]
         )
+        for member, (argv, _) in self.commands.items():
+            check_executable(argv, self.workdir, _template_field(multiworld, member))
+        # Only once the input is known good: a refused run leaves nothing behind.
+        self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"multiworld-{multiworld.name}-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.view = view or LiveView(f"multiworld run {multiworld.name}")
         # Warm spares replace dead members without an interpreter start or a torch import.
         uses_spares = spares > 0 and any(is_python_script(argv) for argv, _ in self.commands.values())
         self.run_env = {RUN_ENV: multiworld.name}

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
-from multiworld.contract import Backend, BrokenWorldReport, WorldEntry, WorldTable
+from multiworld.contract import JOIN_FAILED, Backend, BrokenWorldReport, WorldEntry, WorldTable
 
 from ..spec import MultiWorld
 from .model import (
@@ -162,14 +162,25 @@ class _Planning:
                     rank = state.pods.index(pod)
                     failures[world] = Failure(
                         time=self.now, reason=reason, pod=pod, rank=rank, epoch=state.epoch,
-                        message=f"pod {pod} (rank {rank}) {'failed' if ours else 'was deleted'}",
+                        message=f"pod {pod} (rank {rank}) {'failed' if ours else 'was deleted'}"
+                                + (f": {seen.message}" if ours and seen is not None and seen.message else ""),
                     )
         for report in self.reports:
             reported = self.worlds.get(report.world)
             if reported is None or not reported.up or report.epoch != reported.epoch or report.world in failures:
                 continue
+            if report.reason.startswith(JOIN_FAILED) and self._a_rank_was_not_running(report, reported):
+                continue  # slow scheduling or start-up is not a failure: the members keep waiting
             failures[report.world] = self._report_failure(report, reported)
         return failures
+
+    def _a_rank_was_not_running(self, report: BrokenWorldReport, state: WorldStatus) -> bool:
+        """Whether some pod of the world is not running now, or started after the report."""
+        for pod in state.pods:
+            seen = self.observed.get(pod)
+            if seen is None or seen.phase != "Running" or (seen.started is not None and seen.started > report.time):
+                return True
+        return False
 
     def _report_failure(self, report: BrokenWorldReport, state: WorldStatus) -> Failure:
         by = f" (reported by {report.pod})" if report.pod else ""
@@ -298,12 +309,32 @@ class _Planning:
             if not state.up:
                 continue
             state.ready_ranks = sum(self._ready(pod, name, state.epoch) for pod in state.pods)
+            self._note_waiting(name, state)
             if state.ready_ranks == state.size and state.phase != "Running":
                 recovered = state.phase == "Recovering"
                 how = "back" if recovered else "ready"
                 self._event("Normal", "WorldRecovered" if recovered else "WorldReady", name,
                             f"world {name} {how} with all {state.size} ranks at epoch {state.epoch}")
                 state.phase = "Running"
+
+    def _note_waiting(self, name: str, state: WorldStatus) -> None:
+        """The world's pods that are not running yet, with why; an Event once per epoch when one
+        waits for a reason beyond a container starting (unschedulable, an image pull, ...)."""
+        waiting = {}
+        for pod in state.pods:
+            seen = self.observed.get(pod)
+            if seen is None:
+                waiting[pod] = "not created yet"
+            elif seen.phase == "Pending":
+                waiting[pod] = seen.waiting or "Pending"
+        before = self.previous.worlds.get(name)
+        told = before is not None and before.epoch == state.epoch and any(
+            _worth_telling(r) for r in before.waiting.values())
+        state.waiting = waiting
+        stuck = {pod: reason for pod, reason in waiting.items() if _worth_telling(reason)}
+        if stuck and not told:
+            self._event("Warning", "WorldWaiting", name, f"world {name} epoch {state.epoch} waits for "
+                        + "; ".join(f"pod {pod}: {reason}" for pod, reason in stuck.items()))
 
     # -- status ------------------------------------------------------------------------------
 
@@ -344,6 +375,14 @@ class _Planning:
 
     def _event(self, type_: EventType, reason: str, world: str | None, message: str) -> None:
         self.events.append(EmitEvent(type=type_, reason=reason, world=world, message=message))
+
+
+# Why a pod waits while it simply starts: not worth an Event.
+_STARTING = ("not created yet", "Pending", "ContainerCreating", "PodInitializing")
+
+
+def _worth_telling(reason: str) -> bool:
+    return not reason.startswith(_STARTING)
 
 
 def _overall_phase(phases: Sequence[str]) -> Phase:

@@ -34,6 +34,12 @@ class PodObservation(_Model):
     phase: PodPhase
     created_for: dict[str, int] = Field(default_factory=dict)
     joined: dict[str, int] | None = None
+    # Why a Failed pod ended, in its own words (a container's termination message), if it said.
+    message: str = ""
+    # Why a pod that is not Running yet waits (unschedulable, pulling its image, ...), if known.
+    waiting: str = ""
+    # When its container started running, if the platform knows.
+    started: datetime | None = None
 
 
 class Observation(_Model):

@@ -54,6 +54,8 @@ class WorldStatus(_StatusModel):
     # starts a new epoch.
     pods: list[str] = Field(default_factory=list)
     backend: Backend = "gloo"
+    # While the world forms: its pods that are not running yet, with why they wait.
+    waiting: dict[str, str] = Field(default_factory=dict)
 
     @property
     def up(self) -> bool:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import urllib3
@@ -50,6 +53,10 @@ RETRY_MAX_S = 30.0
 MERGE_PATCH = "application/merge-patch+json"
 # Kubernetes caps an Event's message at 1 KiB.
 EVENT_MESSAGE_MAX = 1024
+# Where the kubelet reads a container's termination message (terminationMessagePath's default).
+TERMINATION_LOG = Path("/dev/termination-log")
+# The exit status of a worker the API refuses (sysexits' EX_NOPERM).
+EXIT_REFUSED = 77
 
 
 def api_client() -> client.ApiClient:
@@ -150,6 +157,7 @@ class KubernetesChannel:
             except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
                 if self._closed.is_set():
                     return
+                _exit_if_refused(error, f"get, list and watch multiworlds (its MultiWorld {self.namespace}/{self.name})")
                 delay = backoff.next()
                 log.warning("watching MultiWorld %s/%s failed (%s); again in %gs",
                             self.namespace, self.name, _describe(error), delay)
@@ -229,6 +237,7 @@ class KubernetesChannel:
 
     def _requeue(self, error: BaseException, reports: list[BrokenWorldReport], status: WorkerStatus | None) -> bool:
         """Put back what failed to go out, unless it never can (this pod is gone)."""
+        _exit_if_refused(error, f"patch pods (annotate its own Pod {self.namespace}/{self.pod})")
         if isinstance(error, ApiException) and error.status == 404:
             log.warning("pod %s is gone; dropping what it had to send", self.pod)
             return False
@@ -258,7 +267,30 @@ class KubernetesChannel:
             self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S,
                                               _preload_content=False)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
+            _exit_if_refused(error, "create events")
             log.warning("pod %s: event for world %s not posted (%s)", self.pod, report.world, _describe(error))
+
+
+def _exit_if_refused(error: BaseException, permission: str) -> None:
+    """401 and 403 never heal by retrying: without its permissions the worker would never see a
+    new epoch and its reports would never arrive. Say which permission and how to get it, on
+    stderr and as the container's termination message, and end the process."""
+    if not (isinstance(error, ApiException) and error.status in (401, 403)):
+        return
+    message = (
+        f"multiworld: the Kubernetes API refused this worker ({error.status} {error.reason}): its ServiceAccount "
+        f"may not {permission}. Run the pod as the ServiceAccount the chart creates for workers: "
+        f"`serviceAccountName: multiworld-worker` in the MultiWorld's pod template (chart value workers.namespaces "
+        f"must list this namespace)."
+    )
+    sys.stderr.write(message + "\n")  # not through logging: the message must show at any log level
+    sys.stderr.flush()
+    if TERMINATION_LOG.exists():  # the kubelet made it: this runs in a container
+        try:
+            TERMINATION_LOG.write_text(message)
+        except OSError:
+            pass  # not writable for this user: the pod's FallbackToLogsOnError policy reads stderr
+    os._exit(EXIT_REFUSED)
 
 
 def from_url(url: str, pod: str) -> KubernetesChannel:
