@@ -121,3 +121,16 @@ def test_deleted_service_comes_back(scene: Scene) -> None:
     kube.core.delete_namespaced_service("mw", kube.namespace, _preload_content=False)  # (the client cannot parse the reply)
     wait_for("a new Service", lambda: [s for s in kube.core.list_namespaced_service(kube.namespace).items
                                        if s.metadata.uid != first.metadata.uid])
+
+
+def test_resource_amounts_written_as_numbers_become_pods(scene: Scene) -> None:
+    """`nvidia.com/gpu: 1` and `cpu: 0.5`, as people write them: the pods are created, with the
+    amounts the API server understands."""
+    template = {"spec": {"containers": [{"name": "worker", "image": "multiworld/worker:test",
+                                         "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": 0.5},
+                                                       "requests": {"cpu": 0.5}}}]}}
+    kube = scene.kube
+    kube.create(two_worlds(template=template))
+    pods = kube.wait_pods(PODS)
+    limits = pods["mw-leader-0"].spec.containers[0].resources.limits
+    assert limits == {"nvidia.com/gpu": "1", "cpu": "500m"}

@@ -45,6 +45,18 @@ def owner_reference(multiworld: Mapping[str, Any]) -> dict[str, Any]:
     return {"apiVersion": GROUP_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"], "controller": True}
 
 
+def _quantities_as_strings(resources: dict[str, Any]) -> None:
+    """`nvidia.com/gpu: 1` as the API stores it ("1"): the Kubernetes client (from 37) refuses
+    a number where its model declares a quantity string, so a template written the usual way
+    would never become a pod."""
+    for kind in ("limits", "requests"):
+        amounts = resources.get(kind)
+        if isinstance(amounts, dict):
+            for name, amount in amounts.items():
+                if isinstance(amount, (int, float)) and not isinstance(amount, bool):
+                    amounts[name] = str(amount)
+
+
 def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]:
     """The pod for `action`, from its member's template: our labels, the created-for stamp,
     the worker contract's environment in every container, restartPolicy Never (the operator,
@@ -65,6 +77,8 @@ def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]
         # A worker that must stop says why in its last log lines when it could not write
         # /dev/termination-log; the operator quotes that message in the failure it reports.
         container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        _quantities_as_strings(container.get("resources") or {})
     spec.update(restartPolicy="Never", hostname=action.pod, subdomain=name)
     return {
         "apiVersion": "v1",

@@ -51,6 +51,7 @@ class ReconcileLoop:
             try:
                 wait = await self.reconciler.step()
                 self.failures = 0
+                self.reconciler.failing_with = None
             except MultiWorldGone:
                 log.info("%s/%s: gone; reconcile loop ends", *self.key)
                 return

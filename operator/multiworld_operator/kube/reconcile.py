@@ -53,6 +53,8 @@ class Reconciler:
         self.body: dict[str, Any] = dict(body)
         self.stored: dict[str, Any] | None = body.get("status")
         self.service_known = False
+        # The error the last steps failed with, reported once (None once a step succeeds).
+        self.failing_with: str | None = None
         # The spec generation whose NetworkPolicy was last made to match (None: not yet).
         self.policy_checked: int | None = None
         # Create failures already posted as Events, so a retried step does not repeat them.
@@ -218,11 +220,11 @@ class Reconciler:
             reason, message = RECONCILE_ERROR, f"reconcile step failed: {type(error).__name__}: {error}"
         message = message[:EVENT_MESSAGE_MAX]
         patch = error_patch(self.stored, reason, message, datetime.now(timezone.utc))
-        if patch is None:
-            return
-        await self._patch_status(patch, {**(self.stored or {}), **patch})
-        if reason == RECONCILE_ERROR:
+        if patch is not None:  # a failed step may have stored the planner's status first
+            await self._patch_status(patch, {**(self.stored or {}), **patch})
+        if reason == RECONCILE_ERROR and message != self.failing_with:
             await self._event("Warning", RECONCILE_ERROR, message)
+        self.failing_with = message
 
     async def _report_create_failures(self, failures: list[str]) -> None:
         """Creates the API refused (a template Kubernetes rejects, a quota, RBAC) or names taken
