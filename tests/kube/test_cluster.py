@@ -129,12 +129,23 @@ def test_serviceaccount_gets_only_what_rbac_grants(kube_cluster: Cluster, namesp
 # form a pod uses and the full name) and for the `kubernetes` Service, and the in-cluster client
 # authenticated as the pod's ServiceAccount (which may list pods, and nothing else).
 PROBE = """
-import json, os, socket
+import json, socket, time
 from kubernetes import client, config
 config.load_incluster_config()
 namespace = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
 names = ["probe.peers", f"probe.peers.{namespace}.svc.cluster.local", "kubernetes.default.svc"]
-print(json.dumps({"resolved": {name: socket.gethostbyname(name) for name in names},
+
+def resolve(name):  # a pod's own record appears once its address is in the Endpoints
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return socket.gethostbyname(name)
+        except socket.gaierror:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+print(json.dumps({"resolved": {name: resolve(name) for name in names},
                   "pods": [p.metadata.name for p in client.CoreV1Api().list_namespaced_pod(namespace).items]}))
 """
 
