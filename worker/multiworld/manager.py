@@ -175,8 +175,12 @@ class WorldManager:
                 self._refuse_older(a, held.assignment, "held")
                 if not held.broken:
                     held._close(f"moved on to epoch {a.epoch}")
-            join = _Join(a)
-            self._joins[a.name] = join
+            return self._launch(a)
+
+    def _launch(self, a: WorldAssignment) -> _Join:
+        """Register a join of `a` (under the lock) and run it on its own thread."""
+        join = _Join(a)
+        self._joins[a.name] = join
         shutdown.start_thread(self._run_join, f"mw-join-{a.name}-{a.epoch}", join)
         return join
 
@@ -235,9 +239,7 @@ class WorldManager:
             if current:
                 del self._joins[a.name]
                 if again:
-                    retry = _Join(a)
-                    self._joins[a.name] = retry
-                    shutdown.start_thread(self._run_join, f"mw-join-{a.name}-{a.epoch}", retry)
+                    self._launch(a)
                 else:
                     self._given_up[a.name] = max(self._given_up.get(a.name, 0), a.epoch)
         if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):

@@ -44,16 +44,27 @@ class _Lenient(BaseModel):
 
 class OwnerRef(_Lenient):
     uid: str
+    kind: str = ""
+    name: str = ""
     controller: bool = False
 
 
-class PodMeta(_Lenient):
+class ObjectMeta(_Lenient):
+    """The metadata of any object the operator reads (its pods, a Service, a NetworkPolicy)."""
+
     name: str
     uid: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     owner_references: list[OwnerRef] = Field(default_factory=list, alias="ownerReferences")
     deletion_timestamp: datetime | None = Field(default=None, alias="deletionTimestamp")
+
+    @property
+    def controller(self) -> OwnerRef | None:
+        return next((ref for ref in self.owner_references if ref.controller), None)
+
+    def owned_by(self, uid: str) -> bool:
+        return self.controller is not None and self.controller.uid == uid
 
 
 class Terminated(_Lenient):
@@ -120,11 +131,8 @@ class PodState(_Lenient):
 class KubePod(_Lenient):
     """The fields of a Pod the operator reads."""
 
-    metadata: PodMeta
+    metadata: ObjectMeta
     status: PodState = Field(default_factory=PodState)
-
-    def owned_by(self, uid: str) -> bool:
-        return any(ref.controller and ref.uid == uid for ref in self.metadata.owner_references)
 
 
 class ObservedPods(BaseModel):
@@ -144,7 +152,7 @@ def observe_pods(items: list[Mapping[str, Any]], owner_uid: str) -> ObservedPods
         pod = KubePod.model_validate(item)
         meta = pod.metadata
         seen.present[meta.name] = meta.uid
-        if not pod.owned_by(owner_uid):
+        if not meta.owned_by(owner_uid):
             continue
         seen.reports += _reports(meta)
         if meta.deletion_timestamp is not None:
@@ -168,12 +176,12 @@ def _ordinal(value: str | None) -> int:
     return int(value) if value is not None and value.isdigit() else 0
 
 
-def _joined(meta: PodMeta) -> dict[str, int] | None:
+def _joined(meta: ObjectMeta) -> dict[str, int] | None:
     status = _annotation(meta, STATUS_ANNOTATION, _STATUS)
     return dict(status.joined) if status is not None else None
 
 
-def _reports(meta: PodMeta) -> list[BrokenWorldReport]:
+def _reports(meta: ObjectMeta) -> list[BrokenWorldReport]:
     reports = list(_annotation(meta, REPORTS_ANNOTATION, _REPORT_LIST) or [])
     latest = _annotation(meta, REPORT_ANNOTATION, _REPORT)
     if latest is not None and latest not in reports:
@@ -181,7 +189,7 @@ def _reports(meta: PodMeta) -> list[BrokenWorldReport]:
     return reports
 
 
-def _annotation(meta: PodMeta, key: str, shape: TypeAdapter[Any]) -> Any:
+def _annotation(meta: ObjectMeta, key: str, shape: TypeAdapter[Any]) -> Any:
     """The annotation parsed as JSON of `shape`; None when absent or malformed (logged: a
     worker or a person wrote something the operator cannot read, and nothing else breaks)."""
     raw = meta.annotations.get(key)

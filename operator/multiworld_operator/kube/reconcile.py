@@ -25,7 +25,7 @@ from ..planner import MultiWorldStatus, Observation, Plan, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
 from .api import KubeApi
 from .bodies import declared_ports, network_policy_body, pod_body, rendezvous_host, selector, service_body
-from .observe import ObservedPods, observe_pods
+from .observe import ObjectMeta, ObservedPods, observe_pods
 from .ports import world_ports
 from .refusal import CREATE_REFUSED, INVALID_SPEC, RECONCILE_ERROR, error_patch, refusal_patch
 
@@ -180,12 +180,12 @@ class Reconciler:
         (left alone, and named with its owner); None when it is ours, or gone meanwhile."""
         if found is None:
             return None
-        owners = found["metadata"].get("ownerReferences") or []
-        if any(ref.get("uid") == self.uid and ref.get("controller") for ref in owners):
+        meta = ObjectMeta.model_validate(found["metadata"])
+        if meta.owned_by(self.uid):
             return None
-        owner = next((f"{ref['kind']} {ref['name']}" for ref in owners if ref.get("controller")), None)
+        owner = meta.controller
         return (f"{kind} {name} already exists and is not this MultiWorld's "
-                f"({'owned by ' + owner if owner else 'it has no owner'}); it is left alone")
+                f"({f'owned by {owner.kind} {owner.name}' if owner else 'it has no owner'}); it is left alone")
 
     async def _store(self, status: MultiWorldStatus) -> None:
         desired = status.to_dict()
