@@ -58,6 +58,9 @@ class DetectConfig(BaseModel):
     op_timeout: float = Field(default=120.0, gt=0)
     # How long a rendezvous waits for all members.
     join_timeout: float = Field(default=300.0, gt=0)
+    # False: worlds joined with this config run no heartbeat (nor stall watch); an idle peer's
+    # death is then seen only through op errors and `op_timeout`.
+    heartbeat: bool = True
 
     @model_validator(mode="after")
     def _dead_after_spans_ticks(self) -> DetectConfig:
@@ -175,6 +178,7 @@ class Heartbeat:
         self._rank = rank
         self._size = size
         self._store: HeartbeatStore | None = store
+        self._enabled = config.heartbeat
         self._interval = config.heartbeat_interval
         self.dead_after = config.dead_after
         self._on_failure = on_failure
@@ -191,6 +195,9 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        if not self._enabled:
+            self._store = None
+            return
         STALL_WATCH.add(self)
         self._thread = start_thread(self._run, f"mw-heartbeat-{self.world}-{self._epoch}")
 

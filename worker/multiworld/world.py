@@ -211,7 +211,7 @@ def connect(
 
     store = client()
     Rendezvous(store, a, pod=pod, deadline=deadline, cancelled=cancelled).run()
-    heartbeat_store = client()
+    heartbeat_store = client() if config.heartbeat else None
     pg = driver.build(
         PrefixStore(f"{a.store_prefix}pg/", store), a.rank, a.size, timedelta(seconds=config.op_timeout), f"{a.name}:{a.epoch}"
     )
