@@ -14,8 +14,10 @@ def spawn() -> Iterator[Callable[..., Member]]:
     """Start members; every one still alive is killed at the end (SIGKILL also ends SIGSTOPped ones)."""
     started: list[Member] = []
 
-    def start(scenario: str, args: dict[str, Any], env: dict[str, str] | None = None) -> Member:
-        member = Member(scenario, args, env)
+    def start(
+        scenario: str, args: dict[str, Any], env: dict[str, str] | None = None, argv: list[str] | None = None
+    ) -> Member:
+        member = Member(scenario, args, env, argv)
         started.append(member)
         return member
 

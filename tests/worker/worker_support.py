@@ -56,16 +56,19 @@ def assignment(name: str, rank: int, size: int, port: int, epoch: int = 1, backe
 
 
 class Member:
-    """One member process running a scenario of member.py; its stdout is JSON events."""
+    """One member process running a scenario of member.py (or, given `argv`, that program of
+    its own, named `scenario` in messages); its stdout is JSON events."""
 
-    def __init__(self, scenario: str, args: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, scenario: str, args: dict[str, Any], env: dict[str, str] | None = None, argv: list[str] | None = None
+    ) -> None:
         self.scenario = scenario
         self.events: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self._stderr = tempfile.TemporaryFile()
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, str(MEMBER), scenario, json.dumps(args)],
+            [sys.executable, *(argv if argv is not None else [str(MEMBER), scenario, json.dumps(args)])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -42,6 +42,11 @@ STATUS_ANNOTATION = "multiworld.io/worker-status"
 WORLD_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
+def store_prefix(world: str, epoch: int) -> str:
+    """Where the store keys of one incarnation of a world live, fencing out older epochs."""
+    return f"{world}/{epoch}/"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -73,7 +78,7 @@ class WorldAssignment(_Model):
     @property
     def store_prefix(self) -> str:
         """Store keys of this incarnation live here, fencing out older epochs."""
-        return f"{self.name}/{self.epoch}/"
+        return store_prefix(self.name, self.epoch)
 
 
 class WorldEntry(_Model):

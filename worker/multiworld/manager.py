@@ -1,4 +1,5 @@
 """Many worlds in one process: join, leave, follow the live world table, report failures.
+The same class serves pymultiworld's API (compat.py).
 
 No torch at import: the communicator code (world.py) loads on the first join.
 """
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from multiworld import shutdown
 from multiworld.channels import Channel
 from multiworld.channels.none import NoneChannel
+from multiworld.compat import PymultiworldFace
 from multiworld.contract import JOIN_FAILED, BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
 from multiworld.detect import DetectConfig
 from multiworld.errors import (
@@ -38,10 +40,18 @@ log = logging.getLogger(__name__)
 
 
 class _Join:
-    """One rendezvous in flight on its own daemon thread."""
+    """One rendezvous in flight on its own daemon thread. `config` and `device`: this join's
+    own, where they differ from the manager's (None: the manager's)."""
 
-    def __init__(self, assignment: WorldAssignment) -> None:
+    def __init__(
+        self,
+        assignment: WorldAssignment,
+        config: DetectConfig | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
         self.assignment = assignment
+        self.config = config
+        self.device = device
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self.world: World | None = None
@@ -67,7 +77,7 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-class WorldManager:
+class WorldManager(PymultiworldFace):
     """The worlds of one process (pod). Thread-safe; never blocks on a broken world."""
 
     def __init__(
@@ -77,15 +87,23 @@ class WorldManager:
         channel: Channel | None = None,
         device: str | torch.device | None = None,
         instance: Mapping[str, int] | None = None,
+        *,
+        enable_monitor: bool = True,
     ) -> None:
         """`instance`: the epochs (world -> epoch) this process's pod was created for, as its
-        environment gives them; a table that names a newer instance of the pod is not followed."""
+        environment gives them; a table that names a newer instance of the pod is not followed.
+        `enable_monitor=False` (pymultiworld's name): worlds run no heartbeat; op errors still
+        break them."""
+        if not isinstance(pod, str):
+            raise TypeError(f"pod must be a str, got {pod!r} (pymultiworld's enable_monitor is a keyword argument)")
         self.pod = pod or socket.gethostname()
         self._instance = dict(instance or {})
         self._replaced = False
         self._started = datetime.now(timezone.utc)
         self._joined_at: dict[str, datetime] = {}
         self.config = config if config is not None else DetectConfig.from_env()
+        if not enable_monitor:
+            self.config = self.config.model_copy(update={"heartbeat": False})
         self._channel: Channel = channel if channel is not None else NoneChannel()
         self._follows_table = channel is not None and not isinstance(channel, NoneChannel)
         self._device = device
@@ -112,15 +130,28 @@ class WorldManager:
 
     # -- joining -----------------------------------------------------------------------
 
-    def join(self, assignment: WorldAssignment | Mapping[str, Any]) -> World:
-        """Rendezvous with the world's other members (blocking) and return the world."""
-        join = self._start_join(_assignment(assignment))
+    def join(
+        self,
+        assignment: WorldAssignment | Mapping[str, Any],
+        *,
+        config: DetectConfig | None = None,
+        device: str | torch.device | None = None,
+    ) -> World:
+        """Rendezvous with the world's other members (blocking) and return the world.
+        `config`, `device`: this world's own (default: the manager's)."""
+        join = self._start_join(_assignment(assignment), config, device)
         join.done.wait()
         return join.result()
 
-    async def join_async(self, assignment: WorldAssignment | Mapping[str, Any]) -> World:
+    async def join_async(
+        self,
+        assignment: WorldAssignment | Mapping[str, Any],
+        *,
+        config: DetectConfig | None = None,
+        device: str | torch.device | None = None,
+    ) -> World:
         """`join` without blocking the event loop."""
-        join = self._start_join(_assignment(assignment))
+        join = self._start_join(_assignment(assignment), config, device)
         await self._until(join.done.is_set, None, f"join of world {join.assignment.name!r}")
         return join.result()
 
@@ -152,7 +183,9 @@ class WorldManager:
                     joins.append(newer)
         return joins
 
-    def _start_join(self, a: WorldAssignment) -> _Join:
+    def _start_join(
+        self, a: WorldAssignment, config: DetectConfig | None = None, device: str | torch.device | None = None
+    ) -> _Join:
         with self._lock:
             if self._closed:
                 raise RuntimeError("this WorldManager is closed")
@@ -175,11 +208,13 @@ class WorldManager:
                 self._refuse_older(a, held.assignment, "held")
                 if not held.broken:
                     held._close(f"moved on to epoch {a.epoch}")
-            return self._launch(a)
+            return self._launch(a, config, device)
 
-    def _launch(self, a: WorldAssignment) -> _Join:
+    def _launch(
+        self, a: WorldAssignment, config: DetectConfig | None = None, device: str | torch.device | None = None
+    ) -> _Join:
         """Register a join of `a` (under the lock) and run it on its own thread."""
-        join = _Join(a)
+        join = _Join(a, config, device)
         self._joins[a.name] = join
         shutdown.start_thread(self._run_join, f"mw-join-{a.name}-{a.epoch}", join)
         return join
@@ -201,8 +236,8 @@ class WorldManager:
             world = connect(
                 join.assignment,
                 pod=self.pod,
-                config=self.config,
-                device=self._device,
+                config=join.config or self.config,
+                device=join.device if join.device is not None else self._device,
                 cancelled=join.cancelled,
                 on_broken=self._world_broken,
             )
@@ -239,7 +274,7 @@ class WorldManager:
             if current:
                 del self._joins[a.name]
                 if again:
-                    self._launch(a)
+                    self._launch(a, join.config, join.device)
                 else:
                     self._given_up[a.name] = max(self._given_up.get(a.name, 0), a.epoch)
         if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):

@@ -4,6 +4,9 @@ Keys (under the epoch prefix `<world>/<epoch>/`): `claim/<rank>` (one process pe
 `member/<rank>` (what each member was told: size, backend, pod), `hb/<rank>` (heartbeat
 counters), `abort` (a verdict: empty while healthy). Outside the prefix, `<world>/epoch`
 holds the newest epoch any member has asked for, so an older one is refused at once.
+
+Where no controller numbers the epochs (pymultiworld's `initialize_world`), `next_epoch` reads
+from these keys which epoch a process joins.
 """
 
 from __future__ import annotations
@@ -15,12 +18,43 @@ from collections.abc import Callable
 
 from torch.distributed import Store
 
-from multiworld.contract import WorldAssignment
+from multiworld.contract import WorldAssignment, store_prefix
 from multiworld.detect import Verdict, abort_key, epoch_key, heartbeat_key, short
 from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, WorldJoinError
 
 # How often a waiting member looks for the others: the bound on how late it notices them.
 _POLL = 0.02
+
+
+def claim_key(prefix: str, rank: int) -> str:
+    return f"{prefix}claim/{rank}"
+
+
+def next_epoch(store: Store, world: str, rank: int, held: int) -> int:
+    """The epoch that `rank` joins, read from the world's store, where no controller numbers
+    them. `held`: the newest epoch of the world this process held (0: none).
+
+    The current epoch while it is forming with `rank` free and no verdict in it; otherwise the
+    one after, so that the survivors of a broken world and a restarted peer meet there. A
+    process that held an older epoch and finds its rank taken at the current one was replaced
+    there: refused, so it can never break into the world that replaced it.
+    """
+    key = epoch_key(world)
+    current = int(store.get(key)) if store.check([key]) else 0
+    if current <= held:
+        return held + 1
+    prefix = store_prefix(world, current)
+    if store.check([claim_key(prefix, rank)]):
+        if held:
+            raise StaleEpochError(
+                f"world {world!r}: rank {rank} was taken at epoch {current} by another process; "
+                f"this process held epoch {held} and was replaced"
+            )
+        return current + 1  # a restarted process whose earlier instance held the rank
+    verdict = abort_key(prefix)
+    if store.check([verdict]) and store.get(verdict):
+        return current + 1
+    return current
 
 
 class Rendezvous:
@@ -40,7 +74,7 @@ class Rendezvous:
         self._cancelled = cancelled
         self._prefix = assignment.store_prefix
         self._what = f"world {assignment.name!r} epoch {assignment.epoch}"
-        self._claim_key = f"{self._prefix}claim/{assignment.rank}"
+        self._claim_key = claim_key(self._prefix, assignment.rank)
 
     def run(self) -> None:
         """Return when every member of this epoch is present and agrees; raise otherwise."""

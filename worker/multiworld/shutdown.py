@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 log = logging.getLogger(__name__)
 
@@ -106,17 +106,23 @@ def _install_status_hooks() -> None:
     sys.exit = exit  # type: ignore[assignment]
 
 
-@atexit.register
-def _at_exit() -> None:
+def end_process(status: int) -> NoReturn:
+    """End the process now with `status` (pymultiworld's cleanup): close every manager, wait
+    (bounded) for the library's threads, flush, os._exit. Nothing after this call runs."""
+    _close_all()
+    quiet(EXIT_GRACE)
+    _exit_now(status)
+
+
+def _close_all() -> None:
     for closer in list(_closers):
         try:
             closer()
         except Exception:
             log.exception("closing at exit failed")
-    if quiet(EXIT_GRACE):
-        return
-    status = _status if _status is not None else 0
-    log.warning("a communicator is stuck on a silent peer; ending the process now (status %d)", status)
+
+
+def _exit_now(status: int) -> NoReturn:
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -124,3 +130,13 @@ def _at_exit() -> None:
         except Exception:
             pass
     os._exit(status)
+
+
+@atexit.register
+def _at_exit() -> None:
+    _close_all()
+    if quiet(EXIT_GRACE):
+        return
+    status = _status if _status is not None else 0
+    log.warning("a communicator is stuck on a silent peer; ending the process now (status %d)", status)
+    _exit_now(status)

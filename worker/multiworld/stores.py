@@ -26,12 +26,15 @@ _PROBE_INTERVAL = 0.05
 LOOPBACK = "127.0.0.1"
 
 _servers: dict[int, tuple[str, TCPStore]] = {}
+# How often each port's store was asked for (see stop_serving).
+_asked: dict[int, int] = {}
 _servers_lock = threading.Lock()
 
 
 def serve(world: str, port: int) -> None:
     """Make sure this process serves the store of `world` on `port` (every interface)."""
     with _servers_lock:
+        _asked[port] = _asked.get(port, 0) + 1
         held = _servers.get(port)
         if held is not None:
             if held[0] != world:
@@ -49,15 +52,38 @@ def serve(world: str, port: int) -> None:
         log.debug("serving the store of world %s on port %d", world, port)
 
 
-def stop_serving(world: str, port: int) -> None:
-    """Stop serving `world`'s store (when the world is left for good)."""
+def asked(port: int) -> int:
+    """How often the store on `port` was asked for so far: a mark for stop_serving."""
+    with _servers_lock:
+        return _asked.get(port, 0)
+
+
+def stop_serving(world: str, port: int, *, unless_asked_since: int | None = None) -> None:
+    """Stop serving `world`'s store (when the world is left for good); with
+    `unless_asked_since` (a mark from `asked`), only if nobody asked for it since then: a world
+    left and joined again at once goes on with the same store."""
     with _servers_lock:
         held = _servers.get(port)
         if held is None or held[0] != world:
             return
+        if unless_asked_since is not None and _asked.get(port, 0) != unless_asked_since:
+            return
         del _servers[port]
     # The server object is dropped here, outside the lock.
     log.debug("stopped serving the store of world %s on port %d", world, port)
+
+
+def open_client(
+    world: str, rank: int, host: str, port: int, *, deadline: float, cancelled: threading.Event, wait_timeout: float
+) -> TCPStore:
+    """A client of the world's store for the member of rank `rank`. Rank 0 serves the store on
+    every interface and reaches it over loopback, so it never waits for its own name to resolve
+    (a new pod's DNS record can lag)."""
+    if rank == 0:
+        serve(world, port)
+    return connect(
+        world, LOOPBACK if rank == 0 else host, port, deadline=deadline, cancelled=cancelled, wait_timeout=wait_timeout
+    )
 
 
 def connect(

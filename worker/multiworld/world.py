@@ -112,17 +112,18 @@ class World(Collectives):
         self._break(f"rank {self.rank} {reason}", None, publish=True, report=False, release=release)
 
     def _leave_for_good(self, reason: str) -> None:
-        """Close, and stop serving the world's store once the peers could read the verdict."""
+        """Close, and stop serving the world's store once the peers could read the verdict
+        (unless this process asked for that store again by then)."""
         self._close(reason)
         if self.rank == 0:
-            shutdown.start_thread(self._stop_serving, f"mw-unserve-{self.name}")
+            shutdown.start_thread(self._stop_serving, f"mw-unserve-{self.name}", stores.asked(self.assignment.port))
 
-    def _stop_serving(self) -> None:
+    def _stop_serving(self, asked: int) -> None:
         self._heartbeat.join(self._heartbeat.dead_after)
         # The peers read the verdict on their next tick; a store gone before that would tell
         # them only that it is unreachable (a failure, where this was a deliberate leave).
         time.sleep(2 * self._tick_s)
-        stores.stop_serving(self.name, self.assignment.port)
+        stores.stop_serving(self.name, self.assignment.port, unless_asked_since=asked)
 
     def _break(
         self, reason: str, peer_rank: int | None, *, publish: bool, report: bool, release: bool = True
@@ -198,15 +199,10 @@ def connect(
     a = assignment
     driver = make_driver(a.backend, device)
     deadline = time.monotonic() + config.join_timeout
-    # Rank 0 serves the store on every interface and reaches it over loopback, so it never
-    # waits for its own name to resolve (a new pod's DNS record can lag).
-    if a.rank == 0:
-        stores.serve(a.name, a.port)
-    host = stores.LOOPBACK if a.rank == 0 else a.host
 
     def client() -> Any:
-        return stores.connect(
-            a.name, host, a.port, deadline=deadline, cancelled=cancelled, wait_timeout=config.join_timeout
+        return stores.open_client(
+            a.name, a.rank, a.host, a.port, deadline=deadline, cancelled=cancelled, wait_timeout=config.join_timeout
         )
 
     store = client()
