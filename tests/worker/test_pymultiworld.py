@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from worker_support import TEST_DETECT, free_ports
 
 import multiworld
@@ -118,6 +119,47 @@ def test_unknown_world_names_are_refused_naming_them() -> None:
         with pytest.raises(ValueError, match="unknown world 'nowhere'"):
             manager.remove_world("nowhere")
         assert manager.communicator.is_broken("nowhere")
+
+
+def test_a_removed_world_is_initialized_again_under_its_name() -> None:
+    """Both members in this process (two managers), in the default world "": rank 0 removes
+    it, rank 1's next op raises BrokenWorldException, and both initialize it again (rank 0 at
+    once, while its store would still be winding down) at the next epoch."""
+    port = free_ports(1)[0]
+
+    async def run() -> list[float]:
+        with WorldManager() as host, WorldManager() as peer:
+            managers = (host, peer)
+
+            async def initialize() -> None:
+                await asyncio.gather(
+                    *(m.initialize_world("", rank, 2, port=port, timeout=30) for rank, m in enumerate(managers))
+                )
+
+            async def all_reduce() -> list[float]:
+                tensors = [torch.ones(2) for _ in managers]
+                await asyncio.gather(*(m.communicator.all_reduce(t) for m, t in zip(managers, tensors)))
+                return tensors[1].tolist()
+
+            await initialize()
+            assert await all_reduce() == [2.0, 2.0]
+            with pytest.raises(ValueError, match="initialized already"):
+                await host.initialize_world("", 0, 2, port=port)
+            host.remove_world("")
+            host.remove_world("")  # as in pymultiworld, removing a removed world is no error
+            assert host.communicator.is_broken()
+            with pytest.raises(BrokenWorldException, match="^ broken: removed"):
+                await host.communicator.all_reduce(torch.ones(2))
+            with pytest.raises(BrokenWorldException, match="^ broken: rank 0 left the world"):
+                await peer.communicator.all_reduce(torch.ones(2))
+            await initialize()
+            assert [m.world(world_label("")).epoch for m in managers] == [2, 2]
+            # Past the moment the removed world's store would have stopped (World._stop_serving).
+            await asyncio.sleep(host.config.dead_after + 4 * host.config.heartbeat_interval)
+            assert not peer.communicator.is_broken("")
+            return await all_reduce()
+
+    assert asyncio.run(run()) == [2.0, 2.0]
 
 
 # ---- five processes --------------------------------------------------------------------
