@@ -99,6 +99,12 @@ class Spread:
         return {"min": self.min, "median": self.median, "max": self.max}
 
 
+def p99(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
 def gaps(times: Sequence[float]) -> list[float]:
     """Intervals between consecutive timestamps."""
     return [b - a for a, b in zip(times, times[1:])]

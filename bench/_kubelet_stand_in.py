@@ -119,6 +119,19 @@ class StandInKubelet:
         with self._seen:
             return len(self.appeared)
 
+    def wait_all_appeared(self, names: set[str], since: int, timeout: float) -> float:
+        """When the last of pods `names` appeared after position `since` (time.monotonic())."""
+        deadline = time.monotonic() + timeout
+        with self._seen:
+            while True:
+                seen = {s.name: s.at for s in self.appeared[since:] if s.name in names}
+                if len(seen) == len(names):
+                    return max(seen.values())
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{len(names) - len(seen)} of {len(names)} pods not created within {timeout:.0f} s")
+                self._seen.wait(left)
+
     def wait_appeared(self, name: str, created_for: dict[str, int], since: int, timeout: float) -> Appeared:
         """The first instance of `name` stamped `created_for` that appeared after position `since`."""
         deadline = time.monotonic() + timeout

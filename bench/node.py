@@ -40,8 +40,9 @@ from typing import Any, TypeVar
 
 import _common as common
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 
-from multiworld.contract import STATUS_ANNOTATION, WorkerStatus
+from multiworld.contract import STATUS_ANNOTATION, TABLE_ENTRY_KEY, WorkerStatus, WorldEntry, world_table_name
 
 T = TypeVar("T")
 
@@ -141,17 +142,19 @@ def kill_and_time(cluster: Any, core: client.CoreV1Api, namespace: str, name: st
     started = time.time()
     support.signal_container(cluster, pod, "SIGKILL")
 
-    custom = client.CustomObjectsApi(core.api_client)
-
     def rejoined() -> dict[str, tuple[client.V1Pod, WorkerStatus]] | None:
         """Every rank of the world's table entry joined at the new epoch."""
-        table = (custom.get_namespaced_custom_object("multiworld.io", "v1alpha1", namespace, "multiworlds", name)
-                 .get("status", {}).get("table", {}))  # fmt: skip
-        entry = next((w for w in table.get("worlds", []) if w["name"] == world and w["epoch"] == epoch), None)
-        if entry is None:
+        try:
+            configmap = core.read_namespaced_config_map(world_table_name(name, world), namespace)
+        except ApiException as error:
+            if error.status == 404:  # out of the table for a moment
+                return None
+            raise
+        entry = WorldEntry.model_validate_json(configmap.data[TABLE_ENTRY_KEY])
+        if entry.epoch != epoch:
             return None
         now = statuses(core, namespace, name)
-        ranks = {p: now.get(p, (None, None)) for p in entry["pods"]}
+        ranks = {p: now.get(p, (None, None)) for p in entry.pods}
         if all(s is not None and s.joined.get(world) == epoch for _, s in ranks.values()):
             return ranks  # type: ignore[return-value]
         return None

@@ -23,31 +23,19 @@ its own writes.
 
 from __future__ import annotations
 
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import _common as common
 from _apiserver_requests import Kind, Writes, label, scrape
-from _kubelet_stand_in import StandInKubelet
+from _operator_scene import Scene, fail_and_recover, scene, start, wait_for
 from kubernetes import client
-from kubernetes.client.rest import ApiException
-
-T = TypeVar("T")
-
-
-# operator_support imports the cluster module under this name (tests/kube/conftest.py does the same).
-cluster_module = common.load_test_module("multiworld_test_cluster", "tests/cluster/cluster.py")
-support = common.load_test_module("operator_support", "tests/kube/operator_support.py")
 
 WORLD_COUNTS = (2, 16, 128)
 REACT_WORLDS = 2
@@ -58,11 +46,6 @@ REACT_LIMIT_S = 0.3
 KUBELET_START_S = 0.5
 # The API is quiet when no write was counted for this long.
 QUIET_S = 1.0
-# Generous: 129 pods and a 128-world status on two shared cores.
-WAIT_S = 300.0
-OPERATOR_STOP_S = 30.0
-# Every failure restarts at once: no backoff, a budget no bench run exhausts.
-POLICY = {"maxRestarts": 10000, "window": "1h", "backoff": {"initialDelay": "0s", "maxDelay": "0s"}}
 # What the stand-in kubelet writes: pod status patches, from the Python client.
 KUBELET_WRITE: Kind = ("PATCH", "pods", "status")
 KUBELET_ENCODING = "json"
@@ -80,89 +63,6 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     args.failures = args.failures or (3 if args.quick else 20)
     args.repeats = args.repeats or (1 if args.quick else 3)
     return args
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    return cluster_module.wait_for(what, probe, timeout)
-
-
-# ---- the scene: cluster, chart, operator ------------------------------------------------------
-
-
-def star(name: str, worlds: int) -> dict[str, Any]:
-    """A leader shared by `worlds` worlds, each with one exclusive pod."""
-    members = {"leader": 1, **{f"m{i}": 1 for i in range(worlds)}}
-    return support.manifest(name, members, {f"w{i}": ["leader", f"m{i}"] for i in range(worlds)}, POLICY)
-
-
-class OperatorProcess:
-    """`multiworld operator` serving one namespace with the credentials of `kubeconfig`."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
-        self.log_path = log_path
-        with open(log_path, "wb") as log_file:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "multiworld_operator.cli", "operator", "--namespace", namespace],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)}, cwd=common.REPO,
-            )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def check_alive(self) -> None:
-        if self.proc.poll() is not None:
-            raise cluster_module.ClusterError(f"the operator exited ({self.proc.returncode}):\n{self.log()[-3000:]}")
-
-    def stop(self) -> None:
-        """SIGTERM, as Kubernetes would; then its log must show no refused request."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(OPERATOR_STOP_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if "forbidden" in self.log().lower():
-            raise cluster_module.ClusterError(f"the operator was refused a request:\n{self.log()[-3000:]}")
-
-
-@dataclass
-class Scene:
-    api: client.ApiClient
-    kube: Any  # operator_support.KubeNamespace
-    kubelet: StandInKubelet
-    operator: OperatorProcess
-    epochs: dict[str, dict[str, int]] = field(default_factory=dict)
-
-
-def new_namespace(cluster: Any, api: client.ApiClient, prefix: str) -> str:
-    """A namespace whose default ServiceAccount exists (made by the controller-manager), so pods are admitted."""
-    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(api)
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-
-    def default_account() -> bool:
-        cluster.check_alive()
-        try:
-            core.read_namespaced_service_account("default", name)
-        except ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
-
-    wait_for(f"the default ServiceAccount of namespace {name}", default_account)
-    return name
-
-
-def operator_credentials(cluster: Any, api: client.ApiClient, kind: str) -> tuple[Path, str]:
-    """The chart installed for real; the kubeconfig the operator runs with, and what it is."""
-    release = support.install_release(cluster, new_namespace(cluster, api, "mw-system"), {})
-    if kind == "admin":
-        return cluster.kubeconfig, "the cluster admin (system:masters)"
-    return release.operator_kubeconfig, (f"the chart's ServiceAccount {release.namespace}/{release.fullname} "
-                                         "(its cluster-wide ClusterRole)")
 
 
 # ---- one failure -------------------------------------------------------------------------------
@@ -195,56 +95,17 @@ def quiet_writes(api: client.ApiClient) -> Writes:
     return wait_for(f"the API server to see no write for {QUIET_S:g} s", still)
 
 
-def start(scene: Scene, name: str, worlds: int) -> None:
-    """Create the MultiWorld; return once every world is Running and its WorldReady Event is out."""
-    scene.kube.create(star(name, worlds))
-    scene.epochs[name] = {f"w{i}": 1 for i in range(worlds)}
-
-    def running() -> bool:
-        scene.operator.check_alive()
-        status = scene.kube.status(name)
-        return status.get("phase") == "Running" and \
-            {w: s["epoch"] for w, s in (status.get("worlds") or {}).items()} == scene.epochs[name]
-
-    wait_for(f"MultiWorld {name} Running with {worlds} worlds at epoch 1", running)
-    wait_for(f"a WorldReady Event per world of {name}",
-             lambda: scene.kube.event_reasons(name).count("WorldReady") == worlds)
-
-
 def fail_once(scene: Scene, name: str, index: int) -> FailureCost:
     """Fail world w<index>'s exclusive pod; return once the world is back at its next epoch and
     the API is quiet again."""
-    world, pod = f"w{index}", f"{name}-m{index}-0"
-    epoch = scene.epochs[name][world] + 1
-    recovered = scene.kube.event_reasons(name).count("WorldRecovered")
     before = quiet_writes(scene.api)
     kubelet_before = scene.kubelet.writes
-    since = scene.kubelet.mark()
-
-    failed_at = time.monotonic()
-    scene.kubelet.fail(pod)
-    replacement = scene.kubelet.wait_appeared(pod, {world: epoch}, since, WAIT_S)
-
-    def back() -> bool:
-        scene.operator.check_alive()
-        state = (scene.kube.status(name).get("worlds") or {}).get(world) or {}
-        return state.get("epoch") == epoch and state.get("phase") == "Running"
-
-    wait_for(f"world {world} of {name} Running at epoch {epoch}", back)
-    wait_for(f"the WorldRecovered Event of {world}",
-             lambda: scene.kube.event_reasons(name).count("WorldRecovered") > recovered)
-    scene.epochs[name][world] = epoch
+    react_s = fail_and_recover(scene, name, index)
     requests = quiet_writes(scene.api) - before
-    return FailureCost(replacement.at - failed_at, requests, scene.kubelet.writes - kubelet_before)
+    return FailureCost(react_s, requests, scene.kubelet.writes - kubelet_before)
 
 
 # ---- figures -----------------------------------------------------------------------------------
-
-
-def p99(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def mean_writes(runs: list[FailureCost]) -> float:
@@ -252,7 +113,7 @@ def mean_writes(runs: list[FailureCost]) -> float:
 
 
 def render_react(samples: list[float]) -> str:
-    row = [str(len(samples)), common.fmt_s(statistics.median(samples)), common.fmt_s(p99(samples)),
+    row = [str(len(samples)), common.fmt_s(statistics.median(samples)), common.fmt_s(common.p99(samples)),
            common.fmt_s(min(samples)), common.fmt_s(max(samples))]
     return (f"react: pod marked Failed -> its replacement exists at the new epoch ({REACT_WORLDS} worlds)\n"
             + common.table(["failures", "median", "p99", "min", "max"], [row]))
@@ -302,34 +163,12 @@ def measure(scene: Scene, args: Any) -> tuple[list[float], dict[int, list[Failur
     return react, costs
 
 
-def run(args: Any, directory: Path) -> tuple[list[float], dict[int, list[FailureCost]], str, str]:
-    """(react samples, failure costs by world count, the operator's credentials, the load at start)."""
-    try:
-        binaries = cluster_module.find_binaries()
-    except cluster_module.ClusterError as error:
-        raise cluster_module.ClusterError(f"{error}\n(`make kube-binaries` builds the control plane)") from error
-    cluster = cluster_module.Cluster(directory / "cluster")
-    cluster.start(binaries, detach=False)
-    try:
-        with cluster.api_client() as api:
-            kubeconfig, credentials = operator_credentials(cluster, api, args.credentials)
-            namespace = new_namespace(cluster, api, "bench")
-            loaded = common.machine_load()
-            operator = OperatorProcess(kubeconfig, namespace, directory / "operator.log")
-            try:
-                with StandInKubelet(api, namespace, KUBELET_START_S) as kubelet:
-                    react, costs = measure(Scene(api, support.KubeNamespace(api, namespace), kubelet, operator), args)
-            finally:
-                operator.stop()
-    finally:
-        cluster.stop()
-    return react, costs, credentials, loaded
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-operator-") as directory:
-        react, costs, credentials, loaded = run(args, Path(directory))
+    with tempfile.TemporaryDirectory(prefix="bench-operator-") as directory, \
+            scene(Path(directory), args.credentials, KUBELET_START_S) as the_scene:
+        react, costs = measure(the_scene, args)
+        credentials, loaded = the_scene.credentials, the_scene.loaded
     writes = {worlds: mean_writes(runs) for worlds, runs in costs.items()}
     smallest, largest = min(WORLD_COUNTS), max(WORLD_COUNTS)
     targets = [
@@ -343,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   [setup, render_react(react), render_writes(costs), render_timing(costs)], targets)
     if args.json:
         common.json_line({
-            "react_s": {"median": statistics.median(react), "p99": p99(react)},
+            "react_s": {"median": statistics.median(react), "p99": common.p99(react)},
             "writes_per_failure": {str(worlds): value for worlds, value in writes.items()},
         })
     return 0

@@ -14,16 +14,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from .planner.status import MultiWorldStatus
+from .planner.status import StatusView
 from .spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR, MultiWorldSpec
 
 # JSON-schema keywords a structural schema keeps as they are.
 _KEPT = ("description", "format", "pattern", "enum", "minimum", "maximum", "minLength", "maxLength",
-         "minItems", "maxItems", "x-kubernetes-list-type", "x-kubernetes-list-map-keys")
+         "minItems", "maxItems", "x-kubernetes-map-type")
 
 
 def crd() -> dict[str, Any]:
-    status = _schema(MultiWorldStatus, defaults=False, nullable=True)
+    status = _schema(StatusView, defaults=False, nullable=True)
     # Leaves room for fields written by other controllers (e.g. kopf's own bookkeeping).
     status["x-kubernetes-preserve-unknown-fields"] = True
     return {
@@ -138,5 +138,5 @@ class _Structural:
             return out
         values = node.get("additionalProperties")
         if isinstance(values, dict) and values:
-            return {"additionalProperties": self.convert(values)}
+            return {"additionalProperties": self.convert(values), **self._kept(node)}
         return {"x-kubernetes-preserve-unknown-fields": True}

@@ -78,8 +78,6 @@ MAX_REPLICAS = 4096
 MAX_MEMBERS = 4096
 MAX_WORLDS = 4096
 _DURATION_SCHEMA: JsonDict = {"pattern": _DURATION.pattern, "maxLength": MAX_DURATION_LENGTH}
-# Lists the API server itself keeps free of duplicate names (ranks stay a plain ordered list).
-_KEYED_BY_NAME: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]}
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # The cross-field validator raises this error type; parse_manifest reports those problems from
 # its own pass over the raw data instead, so they are listed once, next to the field errors.
@@ -187,9 +185,9 @@ class MultiWorldSpec(_SpecModel):
         description="A NetworkPolicy admitting traffic to the pods only from this MultiWorld's own pods (any port: "
                     "stores and communicators) and from anywhere on the ports the templates declare.",
     )
-    members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS, json_schema_extra=_KEYED_BY_NAME,
+    members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS,
                                   description="Pods, declared once.")
-    worlds: list[World] = Field(min_length=1, max_length=MAX_WORLDS, json_schema_extra=_KEYED_BY_NAME,
+    worlds: list[World] = Field(min_length=1, max_length=MAX_WORLDS,
                                 description="Communication groups, many-to-many with members.")
 
 
@@ -246,7 +244,12 @@ class MultiWorld(_SpecModel):
 
     @cached_property
     def _member_worlds(self) -> dict[str, list[str]]:
-        return {m.name: [w.name for w in self.spec.worlds if m.name in w.ranks] for m in self.spec.members}
+        found: dict[str, list[str]] = {m.name: [] for m in self.spec.members}
+        for w in self.spec.worlds:
+            for member in dict.fromkeys(w.ranks):
+                if member in found:
+                    found[member].append(w.name)
+        return found
 
     def member(self, name: str) -> Member:
         return self._declared(self._members, "member", name)

@@ -25,7 +25,8 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config import kube_config
 from multiworld_test_cluster import Cluster
 
-from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, NAME_LABEL
+from multiworld.contract import NAME_LABEL, TABLE_ENTRY_KEY, WORLD_LABEL
+from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION
 
 T = TypeVar("T")
 
@@ -93,9 +94,14 @@ def running_operator(kubeconfig: Path, namespace: str, monkeypatch: pytest.Monke
 REFUSAL_MARKS = ("forbidden", " 403", "not enough permissions")
 
 
+# Not a refusal of the operator's rights: an earlier test's namespace is still being deleted.
+TERMINATING = "because it is being terminated"
+
+
 def refusals(log: str) -> list[str]:
     """The lines of an operator log that show a refused request."""
-    return [line for line in log.splitlines() if any(mark in line.lower() for mark in REFUSAL_MARKS)]
+    return [line for line in log.splitlines()
+            if any(mark in line.lower() for mark in REFUSAL_MARKS) and TERMINATING not in line]
 
 
 class Kubelet:
@@ -194,6 +200,11 @@ class KubeNamespace:
 
     def status(self, name: str = "mw") -> dict[str, Any]:
         return self.get(name).get("status") or {}
+
+    def table(self, name: str = "mw") -> dict[str, dict[str, Any]]:
+        """The live world table as workers read it: world -> its entry, from the world ConfigMaps."""
+        items = self.core.list_namespaced_config_map(self.namespace, label_selector=f"{NAME_LABEL}={name},{WORLD_LABEL}").items
+        return {cm.metadata.labels[WORLD_LABEL]: json.loads(cm.data[TABLE_ENTRY_KEY]) for cm in items}
 
     def pods(self, name: str = "mw") -> dict[str, client.V1Pod]:
         listing = self.core.list_namespaced_pod(self.namespace, label_selector=f"{NAME_LABEL}={name}")

@@ -125,18 +125,18 @@ def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> Non
         assert allowed(api, operator_sa, "watch", "customresourcedefinitions", None, "apiextensions.k8s.io")
         assert not allowed(api, operator_sa, "get", "secrets", namespace)
         assert not allowed(api, operator_sa, "delete", "multiworlds", namespace, "multiworld.io")
-        # The workers: read their MultiWorld, annotate their Pod, post Events; nothing else.
-        assert allowed(api, worker_sa, "watch", "multiworlds", namespace, "multiworld.io")
+        # The workers: read their table's ConfigMaps, annotate their Pod, post Events; nothing else.
+        assert allowed(api, worker_sa, "watch", "configmaps", namespace)
         assert allowed(api, worker_sa, "patch", "pods", namespace)
         assert allowed(api, worker_sa, "create", "events", namespace)
         assert not allowed(api, worker_sa, "delete", "pods", namespace)
-        assert not allowed(api, worker_sa, "patch", "multiworlds", namespace, "multiworld.io")
+        assert not allowed(api, worker_sa, "update", "configmaps", namespace)
+        assert not allowed(api, worker_sa, "get", "multiworlds", namespace, "multiworld.io")
         assert not allowed(api, worker_sa, "get", "pods", watched)
+        assert allowed(api, operator_sa, "update", "configmaps", namespace)
         with kube_cluster.serviceaccount_api_client(*worker_sa) as worker:
-            listed = client.CustomObjectsApi(worker).list_namespaced_custom_object(
-                "multiworld.io", "v1alpha1", namespace, "multiworlds"
-            )
-            assert listed["items"] == []
+            listed = client.CoreV1Api(worker).list_namespaced_config_map(namespace, label_selector="multiworld.io/name")
+            assert listed.items == []
             with pytest.raises(ApiException) as forbidden:
                 client.CoreV1Api(worker).list_namespaced_secret(namespace)
             assert forbidden.value.status == 403

@@ -294,7 +294,7 @@ def test_a_manifest_without_the_worker_serviceaccount_fails_saying_why(
         failure = wait_for("a world failure", lambda: next(
             (s["lastFailure"] for s in (kube.status(name).get("worlds") or {}).values() if s.get("lastFailure")), None),
             WAIT_S)  # fmt: skip
-        assert "may not get, list and watch multiworlds" in failure["message"], failure
+        assert "may not get, list and watch configmaps" in failure["message"], failure
         assert "serviceAccountName: multiworld-worker" in failure["message"], failure
         events = wait_for("the WorldFailed event", lambda: [
             e for e in kube.events(name) if e.reason == "WorldFailed" and "may not get, list and watch" in e.message])

@@ -1,20 +1,36 @@
 """The Kubernetes platform's pure parts, no API server: world ports, what a pod listing means
-to the planner, and the status of an invalid spec."""
+to the planner, the pod cache, the world table's ConfigMaps, the memory's ConfigMap, and the
+status of an invalid spec."""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
 from operator_support import manifest
 
-from multiworld.contract import REPORT_ANNOTATION, REPORTS_ANNOTATION, STATUS_ANNOTATION, BrokenWorldReport, WorkerStatus
+from multiworld.contract import (
+    NAME_LABEL,
+    REPORT_ANNOTATION,
+    REPORTS_ANNOTATION,
+    STATUS_ANNOTATION,
+    TABLE_ENTRY_KEY,
+    WORLD_LABEL,
+    BrokenWorldReport,
+    WorkerStatus,
+    WorldEntry,
+    WorldTable,
+)
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, pod_body
+from multiworld_operator.kube.memory import MEMORY_KEY, memory_body, read_memory
 from multiworld_operator.kube.observe import observe_pods
+from multiworld_operator.kube.pod_cache import PodCache
 from multiworld_operator.kube.ports import PORT_BASE, PORT_SPAN, preferred_port, world_ports
 from multiworld_operator.kube.refusal import refusal_patch
+from multiworld_operator.kube.world_tables import published_entry, table_writes, world_table_body
 from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, plan
 from multiworld_operator.spec import MultiWorld, parse_manifest
 
@@ -71,12 +87,14 @@ def test_observation_of_a_listing() -> None:
         REPORTS_ANNOTATION: json.dumps([older.model_dump(mode="json"), report.model_dump(mode="json")]),
         REPORT_ANNOTATION: report.model_dump_json(),
     }
-    seen = observe_pods([
+    cache = PodCache()
+    cache.listed([
         pod("mw-a-1", annotations=annotations),
         pod("mw-a-0", "Unknown", annotations={CREATED_FOR_ANNOTATION: "not json", STATUS_ANNOTATION: "{}"}),
         pod("mw-b-0", deletionTimestamp="2030-01-01T00:00:00Z"),
         pod("mw-b-1", owner="uid-of-an-older-mw"),
-    ], OWNER)
+    ], "100")
+    seen = observe_pods(cache.pods(), OWNER)
 
     by_name = {p.name: p for p in seen.pods}
     assert set(by_name) == {"mw-a-1", "mw-a-0"}  # terminating and foreign pods are not ours now
@@ -87,6 +105,59 @@ def test_observation_of_a_listing() -> None:
     assert seen.reports == [older, report]  # the single latest one is already in the list
     assert seen.present == {n: f"uid-{n}" for n in ("mw-a-1", "mw-a-0", "mw-b-0", "mw-b-1")}
     assert seen.terminating == {"mw-b-0"}
+
+
+def test_pod_cache_keeps_the_newest_of_listing_and_events() -> None:
+    def at(name: str, version: int, phase: str = "Running") -> dict[str, Any]:
+        return pod(name, phase, resourceVersion=str(version))
+
+    cache = PodCache()
+    assert cache.stale()
+    cache.changed(False, at("mw-a-0", 5, "Pending"))  # an event before the first listing
+    cache.changed(True, at("mw-a-1", 12))  # deleted after the listing below was made
+    cache.changed(False, at("mw-b-0", 15))  # created after it
+    cache.listed([at("mw-a-0", 8), at("mw-a-1", 9), at("mw-b-1", 7)], "10")
+    assert not cache.stale()
+    phases = {p.metadata.name: p.status.phase for p in cache.pods()}
+    assert phases == {"mw-a-0": "Running", "mw-b-0": "Running", "mw-b-1": "Running"}
+
+    assert not cache.changed(False, at("mw-a-0", 6, "Failed"))  # older than what is known
+    assert cache.changed(False, at("mw-a-0", 20, "Failed"))
+    assert not cache.changed(False, at("mw-a-1", 11))  # a stale event of the deleted instance
+    assert cache.changed(False, at("mw-a-1", 21, "Pending"))  # a new instance of that name
+    assert cache.changed(True, at("mw-b-1", 22))
+    cache.listed([at("mw-a-0", 20, "Failed"), at("mw-a-1", 21, "Pending"), at("mw-b-0", 15), at("mw-b-1", 7)], "19")
+    phases = {p.metadata.name: p.status.phase for p in cache.pods()}
+    assert phases == {"mw-a-0": "Failed", "mw-a-1": "Pending", "mw-b-0": "Running"}  # mw-b-1 stays deleted
+
+
+def test_table_writes_touch_only_the_worlds_that_changed() -> None:
+    def entry(name: str, epoch: int) -> WorldEntry:
+        return WorldEntry(name=name, epoch=epoch, host="mw-leader-0.mw", port=4000, pods=["mw-leader-0", f"mw-{name}-0"])
+
+    published: dict[str, WorldEntry | None] = {"wa": entry("wa", 1), "wb": entry("wb", 1), "wc": None}
+    writes = table_writes(published, WorldTable(revision=2, worlds=[entry("wa", 1), entry("wb", 2), entry("wc", 1)]))
+    assert [e.name for e in writes.write] == ["wb", "wc"] and writes.remove == []
+    assert table_writes(published, WorldTable(revision=3, worlds=[entry("wb", 1)])).remove == ["wa", "wc"]
+
+    body = world_table_body({"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}, entry("wb", 2))
+    assert body["metadata"]["name"] == "mw.wb"
+    assert body["metadata"]["labels"] == {NAME_LABEL: "mw", WORLD_LABEL: "wb", "pod.multiworld.io/mw-leader-0": "0",
+                                          "pod.multiworld.io/mw-wb-0": "1"}
+    assert body["metadata"]["ownerReferences"][0]["uid"] == OWNER
+    assert published_entry(body) == entry("wb", 2)
+    assert published_entry({"data": {TABLE_ENTRY_KEY: "not json"}}) is None
+
+
+def test_the_memory_round_trips_through_its_configmap() -> None:
+    memory = {"phase": "Running", "worlds": {f"w{i}": {"epoch": 1, "pods": ["mw-leader-0", f"mw-m{i}-0"]}
+                                             for i in range(1000)}}
+    body = memory_body({"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}, memory)
+    assert body["metadata"]["name"] == "mw" and body["metadata"]["ownerReferences"][0]["uid"] == OWNER
+    assert read_memory(body) == memory
+    assert len(body["binaryData"][MEMORY_KEY]) < len(json.dumps(memory)) / 4  # names repeat: it packs well
+    assert memory_body({"metadata": {"name": "mw", "uid": OWNER}}, memory) == body  # the same bytes each time
+    assert read_memory({"metadata": {"name": "mw"}}) is None
 
 
 def test_pod_body_env_wins_over_the_template() -> None:

@@ -85,7 +85,7 @@ def test_status_printer_columns_and_events(scene: Scene) -> None:
             {"phase": "Running", "size": 3, "readyRanks": 3, "restarts": 0}
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions == {"Ready": "True", "Degraded": "False"}
-    table = {w["name"]: w for w in status["table"]["worlds"]}
+    table = kube.table()
     assert table["wa"]["pods"] == ["mw-leader-0", "mw-a-0", "mw-a-1"]
     assert table["wb"]["host"] == "mw-leader-0.mw"
 

@@ -18,7 +18,7 @@ def test_adding_a_world_leaves_running_pods_alone(scene: Scene) -> None:
     kube.create(two_worlds())
     kube.wait_running(epochs={"wa": 1, "wb": 1})
     before = kube.uids()
-    ports = {w["name"]: w["port"] for w in kube.status()["table"]["worlds"]}
+    ports = {name: w["port"] for name, w in kube.table().items()}
 
     spec = two_worlds()["spec"]
     spec["members"].append({"name": "c", "replicas": 1})
@@ -29,7 +29,7 @@ def test_adding_a_world_leaves_running_pods_alone(scene: Scene) -> None:
     after = kube.uids()
     assert set(after) == PODS | {"mw-c-0"}
     assert {p: after[p] for p in PODS} == before
-    table = {w["name"]: w for w in status["table"]["worlds"]}
+    table = kube.table()
     assert {n: table[n]["port"] for n in ports} == ports  # ports are stable across edits
     assert len({w["port"] for w in table.values()}) == 3  # and distinct on the shared rank 0
     assert table["wc"]["pods"] == ["mw-leader-0", "mw-c-0"]
@@ -50,7 +50,7 @@ def test_removing_a_member_deletes_only_its_pods(scene: Scene) -> None:
 
     remaining = kube.wait_pods({"mw-leader-0", "mw-a-0", "mw-a-1"})
     assert {p: pod.metadata.uid for p, pod in remaining.items()} == {p: before[p] for p in remaining}
-    assert [w["name"] for w in status["table"]["worlds"]] == ["wa"]
+    assert list(kube.table()) == ["wa"]
     assert status["worldsReady"] == "1/1"
 
 

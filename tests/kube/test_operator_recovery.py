@@ -1,6 +1,6 @@
 """World-scoped recovery: a failed, deleted or reported-broken world gets a new epoch and only
 the pods exclusive to it are replaced; the shared leader keeps running (same uid) and learns
-the new epoch from status.table; the other world is not touched. A shared pod's death fails
+the new epoch from the world table; the other world is not touched. A shared pod's death fails
 every world it is in. An exhausted restart budget fails that world alone."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_exclusive_pod_failure_restarts_its_world_only(scene: Scene) -> None:
     pods = kube.pods()
     assert created_for(pods["mw-a-1"]) == {"wa": 2}
     assert created_for(pods["mw-leader-0"]) == {"wa": 1, "wb": 1}  # the leader stayed; the table moved on
-    table = {w["name"]: w["epoch"] for w in status["table"]["worlds"]}
+    table = {name: w["epoch"] for name, w in kube.table().items()}
     assert table == {"wa": 2, "wb": 1}
     wa = status["worlds"]["wa"]
     assert (wa["restarts"], status["worlds"]["wb"]["restarts"], status["restarts"]) == (1, 0, 1)
@@ -113,7 +113,7 @@ def test_exhausted_world_fails_alone(scene: Scene) -> None:
 
     assert status["phase"] == "Degraded"
     assert status["worlds"]["wb"]["phase"] == "Running" and status["worlds"]["wb"]["epoch"] == 1
-    assert [w["name"] for w in status["table"]["worlds"]] == ["wb"]
+    assert list(kube.table()) == ["wb"]
     assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "False", "Degraded": "True"}
     remaining = kube.wait_pods({"mw-leader-0", *B_PODS})  # a pod of a Failed world only is removed
     assert {p: pod.metadata.uid for p, pod in remaining.items()} == {p: before[p] for p in remaining}
@@ -129,8 +129,8 @@ def test_backoff_ends_by_requeue(scene: Scene) -> None:
     kube.wait_running(epochs={"wa": 2, "wb": 1})
 
     kubelet.fail("mw-a-1")
-    waiting = kube.wait_world("wa", lambda w: w["epoch"] == 3 and "restartAt" in w, "waiting for its backoff")
-    assert [w["name"] for w in waiting["table"]["worlds"]] == ["wb"]
+    kube.wait_world("wa", lambda w: w["epoch"] == 3 and "restartAt" in w, "waiting for its backoff")
+    assert list(kube.table()) == ["wb"]
     # Well under the periodic resync: only a requeue can have ended the backoff this soon.
     wait_for("the backoff to end", lambda: "WorldRestarting" in kube.event_reasons(), timeout=RESYNC_S * 0.75)
     status = kube.wait_running(epochs={"wa": 3, "wb": 1})

@@ -1,5 +1,6 @@
-"""A world failure costs API writes for that world only: its pods, a few status patches, its
-Events, whether the MultiWorld has two worlds or six. Counted by the API server itself (its
+"""A world failure costs API writes for that world only: its pods, its table entry, a few writes
+of the operator's memory and of the status, its Events, whether the MultiWorld has two worlds or
+six. Counted by the API server itself (its
 apiserver_request_total metric), not by the operator."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ pytestmark = pytest.mark.kube
 
 # Writes the operator makes (the python client speaks JSON; the controller-manager's garbage
 # collector and namespace cleanup speak protobuf, and the kubelet stand-in only patches pod status).
-COUNTED = {("POST", "pods", ""), ("DELETE", "pods", ""), ("PATCH", "multiworlds", "status")}
+COUNTED = {("POST", "pods", ""), ("DELETE", "pods", ""), ("PATCH", "multiworlds", "status"),
+           ("PUT", "configmaps", ""), ("POST", "configmaps", ""), ("DELETE", "configmaps", "")}
 SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -65,6 +67,10 @@ def test_writes_per_world_failure_do_not_grow_with_the_worlds(scene: Scene) -> N
     for cost in (small, large):
         # The world's two exclusive pods: the failed one and its live peer, replaced once each.
         assert (cost["DELETE", "pods", ""], cost["POST", "pods", ""]) == (2, 2)
-        # The epoch bump, then at most one patch per replacement pod appearing and one running.
+        # The epoch bump, then at most one patch per replacement pod appearing and one running;
+        # the operator's memory as often; the world's table entry for the new epoch and for the
+        # new instances in it.
         assert 1 <= cost["PATCH", "multiworlds", "status"] <= 1 + 2 * 2
+        assert cost["POST", "configmaps", ""] == cost["DELETE", "configmaps", ""] == 0
+        assert 2 <= cost["PUT", "configmaps", ""] <= 2 * (1 + 2 * 2)
     assert small_events == large_events == Counter({"WorldFailed": 1, "WorldRecovered": 1})

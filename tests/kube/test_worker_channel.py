@@ -1,6 +1,7 @@
 """The worker side of the Kubernetes platform, for real: a KubernetesChannel holding only the
-workers' ServiceAccount token (the chart's worker Role) follows its MultiWorld's status.table,
-and what it reports on its Pod reaches the operator (itself holding only the chart's
+workers' ServiceAccount token (the chart's worker Role) follows its pod's part of the world
+table (the world ConfigMaps labelled with it), a failure in a world it is not in sends it
+nothing, and what it reports on its Pod reaches the operator (itself holding only the chart's
 namespaced Role): a WorkerStatus decides readyRanks, a BrokenWorldReport restarts the world.
 """
 
@@ -68,9 +69,14 @@ def test_channel_follows_the_table_and_reaches_the_operator(kube_cluster: Cluste
         channel = KubernetesChannel(f"kubernetes://{namespace}/mw", LEADER, api=worker_api)
         tables = Tables()
         channel.start(tables)
+        # A pod of wb only: wa's failure below must not reach it.
+        bystander = KubernetesChannel(f"kubernetes://{namespace}/mw", "mw-b-0", api=worker_api)
+        bystander_tables = Tables()
+        bystander.start(bystander_tables)
         try:
             first = tables.until({"wa": 1, "wb": 1})
             assert sorted(first.assignments_for(LEADER)) == ["wa", "wb"]
+            assert [w.name for w in bystander_tables.until({"wb": 1}).worlds] == ["wb"]
             channel.status(WorkerStatus(pod=LEADER, joined={"wa": 1, "wb": 1}))
             wait_for("the leader's WorkerStatus on its pod",
                      lambda: STATUS_ANNOTATION in (kube.pods()[LEADER].metadata.annotations or {}))
@@ -80,6 +86,7 @@ def test_channel_follows_the_table_and_reaches_the_operator(kube_cluster: Cluste
             bumped = tables.until({"wa": 2, "wb": 1})
             assert bumped.revision > first.revision
             assert bumped.assignments_for(LEADER)["wa"].epoch == 2
+            assert bystander_tables.received.empty()
             # The new a pods run, but the leader's status still holds wa at epoch 1: not whole.
             ready_ranks(kube, "wa", "Recovering", 2)
             channel.status(WorkerStatus(pod=LEADER, joined={"wa": 2, "wb": 1}))
@@ -97,8 +104,10 @@ def test_channel_follows_the_table_and_reaches_the_operator(kube_cluster: Cluste
             events = kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={LEADER}").items
             assert [(e.reason, e.type) for e in events] == [("WorldBroken", "Warning")]
             assert "world wb epoch 1 broken (peer rank 1): recv timed out" == events[0].message
+            assert bystander_tables.until({"wb": 2}).worlds[0].epoch == 2  # its own world's bump reaches it
         finally:
             channel.close()
+            bystander.close()
         assert not any(thread.is_alive() for thread in channel._threads)
 
 
@@ -133,6 +142,6 @@ def test_a_worker_without_its_permissions_exits_saying_which_and_how(kube_cluste
                             env={**os.environ, "KUBECONFIG": str(kubeconfig)},
                             capture_output=True, text=True, timeout=100, check=False)  # fmt: skip
     assert result.returncode == 77, result.stderr
-    assert "refused this worker (403 Forbidden): its ServiceAccount may not get, list and watch multiworlds" \
+    assert "refused this worker (403 Forbidden): its ServiceAccount may not get, list and watch configmaps" \
         in result.stderr, result.stderr
     assert "`serviceAccountName: multiworld-worker`" in result.stderr

@@ -3,7 +3,7 @@ w1 x2 (exclusive to world1), w2 (exclusive to world2)."""
 
 from __future__ import annotations
 
-from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, plan
+from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, StatusView, merge_patch, plan
 from planner_sim import T0, Sim, endpoint, make, seed_topology
 
 LEADER, W1_0, W1_1, W2_0 = "mw-leader-0", "mw-w1-0", "mw-w1-1", "mw-w2-0"
@@ -541,16 +541,30 @@ def test_status_round_trips_through_the_cr_dict() -> None:
     assert MultiWorldStatus.from_dict(None) is None and MultiWorldStatus.from_dict({}) is None
 
 
-def test_merge_patch_removes_what_the_new_status_dropped() -> None:
+def test_merge_patch_removes_what_the_new_status_dropped_and_sends_only_changes() -> None:
     sim = backing_off()
     waiting = sim.status
     assert waiting is not None
     sim.advance(10)
     restarted = sim.step().status
-    patch = restarted.merge_patch(waiting.to_dict())
+    patch = merge_patch(waiting.view(), restarted.view())
     assert patch["worlds"]["world2"]["restartAt"] is None
-    assert patch["pods"][W2_0]["createdFor"] == {"world2": 3}
-    assert _apply_merge_patch(waiting.to_dict(), patch) == restarted.to_dict()
+    assert "world1" not in patch["worlds"]  # untouched: not in the patch
+    assert _apply_merge_patch(waiting.view(), patch) == restarted.view()
+    memory = merge_patch(waiting.to_dict(), restarted.to_dict())
+    assert memory["pods"][W2_0]["createdFor"] == {"world2": 3}
+    assert _apply_merge_patch(waiting.to_dict(), memory) == restarted.to_dict()
+
+
+def test_the_view_is_what_kubectl_shows_and_no_more() -> None:
+    sim = backing_off()
+    assert sim.status is not None
+    view = sim.status.view()
+    assert set(view) == {"phase", "observedGeneration", "worldsReady", "restarts", "worlds", "conditions"}
+    assert set(view["worlds"]["world2"]) == {"phase", "epoch", "size", "readyRanks", "restarts", "lastFailure", "restartAt"}
+    assert "waiting" not in view["worlds"]["world1"]  # shown only while a world waits
+    # The CRD's status schema is generated from StatusView: the view is one of its instances.
+    assert StatusView.model_validate(view).worlds["world2"].restart_at == sim.status.worlds["world2"].restart_at
 
 
 def _apply_merge_patch(target: dict[str, object], patch: dict[str, object]) -> dict[str, object]:

@@ -68,8 +68,7 @@ def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any
 def test_schema_is_structural() -> None:
     allowed = {"type", "description", "format", "pattern", "enum", "minimum", "maximum", "minLength",
                "maxLength", "minItems", "maxItems", "properties", "required", "items", "additionalProperties",
-               "nullable", "default", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
-               "x-kubernetes-list-map-keys"}
+               "nullable", "default", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-map-type"}
     for path, node in _walk(schema()):
         assert "type" in node, f"{path or '<root>'} has no type"
         assert set(node) <= allowed, f"{path}: {set(node) - allowed}"
@@ -101,16 +100,20 @@ def test_spec_fields_are_typed_and_templates_preserved() -> None:
     assert policy["window"]["default"] == "1h" and "pattern" in policy["window"]
 
 
-def test_status_schema_holds_what_kubectl_and_workers_read() -> None:
+def test_status_schema_holds_what_kubectl_reads_and_no_more() -> None:
     status = schema()["properties"]["status"]
     assert status["x-kubernetes-preserve-unknown-fields"] is True
     fields = status["properties"]
-    assert {"phase", "observedGeneration", "worlds", "conditions", "table", "worldsReady", "restarts"} <= set(fields)
-    world = fields["worlds"]["additionalProperties"]["properties"]
-    assert {"phase", "epoch", "size", "readyRanks", "restarts", "lastFailure"} <= set(world)
+    assert set(fields) == {"phase", "observedGeneration", "worlds", "conditions", "worldsReady", "restarts"}
+    worlds = fields["worlds"]
+    world = worlds["additionalProperties"]["properties"]
+    assert set(world) == {"phase", "epoch", "size", "readyRanks", "restarts", "lastFailure", "restartAt", "waiting"}
     assert {"time", "reason", "pod", "rank"} <= set(world["lastFailure"]["properties"])
-    entry = fields["table"]["properties"]["worlds"]["items"]["properties"]
-    assert {"name", "epoch", "backend", "host", "port", "pods"} <= set(entry)
+    # One entry in managedFields for every world together, not one per world and field.
+    assert worlds["x-kubernetes-map-type"] == "atomic"
+    # Lists are atomic too (no per-item managedFields); duplicate names are the controller's to refuse.
+    spec = schema()["properties"]["spec"]["properties"]
+    assert all("x-kubernetes-list-type" not in spec[field] for field in ("members", "worlds"))
     # The API server applies no defaults to status: the planner writes every field itself.
     assert all("default" not in node for _, node in _walk(status))
 

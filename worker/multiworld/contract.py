@@ -12,11 +12,13 @@ runner). Deliberately free of torch and kubernetes imports so the operator image
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -37,6 +39,42 @@ REPORT_ANNOTATION = "multiworld.io/broken-world"
 REPORTS_ANNOTATION = "multiworld.io/broken-worlds"
 # Pod annotation holding the worker's latest WorkerStatus as JSON (Kubernetes channel).
 STATUS_ANNOTATION = "multiworld.io/worker-status"
+
+# The live world table on Kubernetes: one ConfigMap per world, `<mw>.<world>`, holding its
+# WorldEntry as JSON under TABLE_ENTRY_KEY and labelled with its MultiWorld, its world and
+# `POD_LABEL_PREFIX + pod` (the pod's rank) for each of its pods. A worker watches the ConfigMaps
+# labelled with its own pod name: its own worlds' entries and nothing else.
+NAME_LABEL = "multiworld.io/name"
+WORLD_LABEL = "multiworld.io/world"
+POD_LABEL_PREFIX = "pod.multiworld.io/"
+TABLE_ENTRY_KEY = "entry.json"
+
+
+def world_table_name(multiworld: str, world: str) -> str:
+    """The ConfigMap of one world's entry (a dot cannot occur in either name: no collisions)."""
+    return f"{multiworld}.{world}"
+
+
+def table_entry(configmap: Mapping[str, Any]) -> WorldEntry | None:
+    """The WorldEntry a world ConfigMap holds (None: it holds none); ValueError when it is
+    unreadable."""
+    raw = (configmap.get("data") or {}).get(TABLE_ENTRY_KEY)
+    return None if raw is None else WorldEntry.model_validate_json(raw)
+
+
+def pod_table_selector(multiworld: str, pod: str) -> str:
+    """The label selector of the world ConfigMaps that name `pod`."""
+    return f"{NAME_LABEL}={multiworld},{POD_LABEL_PREFIX}{pod}"
+
+
+def event_name(involved: str) -> str:
+    """A unique name for an Event about `involved`, as client-go makes them (the object's name
+    and the time in hex): generateName's five random characters collide within a few thousand
+    Events, and the API server then refuses the create."""
+    return f"{involved}.{time.time_ns():x}{next(_EVENT_SEQUENCE):x}"
+
+
+_EVENT_SEQUENCE = itertools.count()
 
 # World names double as store key prefixes and DNS-ish labels.
 WORLD_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -116,6 +154,10 @@ class WorldTable(_Model):
 
     revision: int = Field(default=0, ge=0)
     worlds: list[WorldEntry] = Field(default_factory=list)
+
+    def for_pod(self, pod: str) -> WorldTable:
+        """The entries that name `pod`: all that pod's worker needs."""
+        return WorldTable(revision=self.revision, worlds=[w for w in self.worlds if pod in w.pods])
 
     def assignments_for(self, pod: str) -> dict[str, WorldAssignment]:
         return {w.name: w.assignment(pod) for w in self.worlds if pod in w.pods}

@@ -78,4 +78,8 @@ their NetworkPolicies (spec.networkPolicy), and post Events. Used by the Cluster
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch", "delete"]
+# Each MultiWorld's memory (ConfigMap <mw>) and live world table (ConfigMaps <mw>.<world>).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "list", "create", "update", "delete"]
 {{- end }}

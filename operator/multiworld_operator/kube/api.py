@@ -7,22 +7,39 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from multiworld.contract import event_name
 
 from ..spec import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
 from .bodies import COMPONENT
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 REQUEST_TIMEOUT_S = 30.0
+# Requests one reconcile step has in flight at once (creating a thousand pods one at a time
+# would take most of a minute).
+CONCURRENCY = 8
 MERGE_PATCH = "application/merge-patch+json"
 # Kubernetes caps an Event's message at 1 KiB.
 EVENT_MESSAGE_MAX = 1024
+
+
+async def each(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Await `calls`, at most CONCURRENCY at a time; their results in order."""
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def gated(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
+
+    return list(await asyncio.gather(*(gated(c) for c in calls)))
 
 
 class KubeApi:
@@ -39,19 +56,59 @@ class KubeApi:
         )
         return json.loads(response.data) if response.data else None
 
-    async def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    async def list_pods(self, namespace: str, label_selector: str) -> tuple[list[dict[str, Any]], str]:
+        """The pods, and the resourceVersion the listing is from."""
         listing = await self._call(self.core.list_namespaced_pod, namespace, label_selector=label_selector)
+        return list(listing.get("items") or []), str(listing["metadata"].get("resourceVersion", ""))
+
+    async def list_configmaps(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        listing = await self._call(self.core.list_namespaced_config_map, namespace, label_selector=label_selector)
         return list(listing.get("items") or [])
 
-    async def create_pod(self, namespace: str, body: dict[str, Any]) -> bool:
-        """False when a pod of that name already exists."""
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._read(self.core.read_namespaced_config_map, namespace, name)
+
+    async def write_configmap(self, namespace: str, body: dict[str, Any], version: str | None) -> str | None:
+        """Replace the ConfigMap (at resourceVersion `version`, when the caller knows the one it
+        last wrote), or create it. Returns its new resourceVersion; None when the name is taken
+        by a ConfigMap the body's owner does not control (left alone)."""
+        name = body["metadata"]["name"]
+        while True:
+            if version is not None:
+                replaced = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
+                try:
+                    written = await self._call(self.core.replace_namespaced_config_map, name, namespace, replaced)
+                    return str(written["metadata"]["resourceVersion"])
+                except ApiException as error:
+                    if error.status not in (404, 409):
+                        raise
+            found = await self._read(self.core.read_namespaced_config_map, namespace, name)
+            if found is None:
+                created = await self._create(self.core.create_namespaced_config_map, namespace, body)
+                if created is not None:
+                    return str(created["metadata"]["resourceVersion"])
+                continue  # created meanwhile: read it
+            owner = body["metadata"]["ownerReferences"][0]["uid"]
+            if [ref.get("uid") for ref in found["metadata"].get("ownerReferences") or [] if ref.get("controller")] != [owner]:
+                return None
+            version = str(found["metadata"]["resourceVersion"])
+
+    async def delete_configmap(self, namespace: str, name: str) -> None:
+        try:
+            await self._call(self.core.delete_namespaced_config_map, name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    async def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The pod created; None when a pod of that name already exists."""
         return await self._create(self.core.create_namespaced_pod, namespace, body)
 
     async def create_service(self, namespace: str, body: dict[str, Any]) -> bool:
-        return await self._create(self.core.create_namespaced_service, namespace, body)
+        return await self._create(self.core.create_namespaced_service, namespace, body) is not None
 
     async def create_network_policy(self, namespace: str, body: dict[str, Any]) -> bool:
-        return await self._create(self.networking.create_namespaced_network_policy, namespace, body)
+        return await self._create(self.networking.create_namespaced_network_policy, namespace, body) is not None
 
     async def read_network_policy(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read(self.networking.read_namespaced_network_policy, namespace, name)
@@ -84,25 +141,29 @@ class KubeApi:
             raise
         return found
 
-    async def _create(self, method: Callable[..., Any], namespace: str, body: dict[str, Any]) -> bool:
+    async def _create(self, method: Callable[..., Any], namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The object created; None when one of that name exists."""
         try:
-            await self._call(method, namespace, body)
+            created: dict[str, Any] = await self._call(method, namespace, body)
         except ApiException as error:
             if error.status == 409:
-                return False
+                return None
             raise
-        return True
+        return created
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> None:
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         """Delete that instance only (a newer pod of the same name is left alone), at once: it
         leaves its worlds for good, and a frozen process could not run its own shutdown, so a
-        grace period would only hold the name its replacement needs."""
+        grace period would only hold the name its replacement needs. Returns the pod as it was
+        deleted; None when it was gone already."""
         try:
-            await self._call(self.core.delete_namespaced_pod, name, namespace,
-                             body={"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
+            deleted: dict[str, Any] = await self._call(self.core.delete_namespaced_pod, name, namespace,
+                                                       body={"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
         except ApiException as error:
             if error.status not in (404, 409):
                 raise
+            return None
+        return deleted
 
     async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         await self._call(self.custom.patch_namespaced_custom_object_status, API_GROUP, API_VERSION, namespace,
@@ -114,7 +175,7 @@ class KubeApi:
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {"name": event_name(meta["name"]), "namespace": meta["namespace"]},
             "involvedObject": {"apiVersion": GROUP_VERSION, "kind": KIND, "name": meta["name"],
                                "namespace": meta["namespace"], "uid": meta["uid"]},
             "type": type_,

@@ -11,12 +11,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from multiworld.contract import ENV_NAME, ENV_NAMESPACE
+from multiworld.contract import ENV_NAME, ENV_NAMESPACE, NAME_LABEL
 
 from ..planner import CreatePod
 from ..spec import GROUP_VERSION, KIND
 
-NAME_LABEL = "multiworld.io/name"
 MEMBER_LABEL = "multiworld.io/member"
 ORDINAL_LABEL = "multiworld.io/ordinal"
 # The planner's stamp on each pod instance (CreatePod.created_for), read back when observing.
@@ -25,7 +24,7 @@ COMPONENT = "multiworld-operator"
 
 
 def table_url(namespace: str, name: str) -> str:
-    """Where a pod's worker follows the live world table: its MultiWorld's status."""
+    """Where a pod's worker follows the live world table: its MultiWorld's world ConfigMaps."""
     return f"kubernetes://{namespace}/{name}"
 
 

@@ -105,9 +105,9 @@ class Controller:
         if loop.reconciler.update(body):
             loop.poke()
 
-    def pods_changed(self, namespace: str, multiworld: str) -> None:
+    def pod_changed(self, namespace: str, multiworld: str, deleted: bool, pod: Mapping[str, Any]) -> None:
         loop = self.loops.get((namespace, multiworld))
-        if loop is not None:
+        if loop is not None and loop.reconciler.pod_changed(deleted, pod):
             loop.poke()
 
     def service_deleted(self, namespace: str, multiworld: str) -> None:

@@ -6,6 +6,8 @@ finalizer, no annotations (deleting a MultiWorld never waits for the operator).
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -13,7 +15,7 @@ import kopf
 from multiworld.channels.kubernetes import api_client
 
 from ..spec import API_GROUP, API_VERSION, PLURAL
-from .api import REQUEST_TIMEOUT_S, KubeApi
+from .api import CONCURRENCY, REQUEST_TIMEOUT_S, KubeApi
 from .bodies import NAME_LABEL
 from .controller import Controller
 
@@ -35,6 +37,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # Only our pods and Services travel: the API server filters by label, not kopf after it.
     for plural in ("pods", "services"):
         settings.watching.label_selectors["v1", plural] = NAME_LABEL
+    # Threads for the blocking client: a reconcile step keeps up to CONCURRENCY requests in flight.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2 * CONCURRENCY, "kube-api"))
     memo.controller = Controller(KubeApi(api_client()))
 
 
@@ -49,8 +53,8 @@ async def multiworld_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> N
 
 
 @kopf.on.event("", "v1", "pods", labels={NAME_LABEL: kopf.PRESENT})
-async def pod_event(namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    memo.controller.pods_changed(namespace, labels[NAME_LABEL])
+async def pod_event(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.pod_changed(namespace, labels[NAME_LABEL], event["type"] == "DELETED", event["object"])
 
 
 @kopf.on.event("", "v1", "services", labels={NAME_LABEL: kopf.PRESENT})

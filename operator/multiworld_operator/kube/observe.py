@@ -1,4 +1,4 @@
-"""Pods as the API lists them -> what the planner observes (pure).
+"""Pods as the API gives them -> what the planner observes (pure).
 
 - Our instances: pods owned by this MultiWorld (by uid). A pod of an older MultiWorld of the
   same name (waiting for the garbage collector) is not ours, but it still holds its name.
@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -54,6 +54,7 @@ class ObjectMeta(_Lenient):
 
     name: str
     uid: str = ""
+    resource_version: str = Field(default="", alias="resourceVersion")
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
     owner_references: list[OwnerRef] = Field(default_factory=list, alias="ownerReferences")
@@ -146,10 +147,9 @@ class ObservedPods(BaseModel):
     terminating: set[str] = Field(default_factory=set)
 
 
-def observe_pods(items: list[Mapping[str, Any]], owner_uid: str) -> ObservedPods:
+def observe_pods(pods: Iterable[KubePod], owner_uid: str) -> ObservedPods:
     seen = ObservedPods()
-    for item in items:
-        pod = KubePod.model_validate(item)
+    for pod in pods:
         meta = pod.metadata
         seen.present[meta.name] = meta.uid
         if not meta.owned_by(owner_uid):

@@ -1,14 +1,16 @@
-"""One MultiWorld's reconcile step: observe, plan, execute, store the status.
+"""One MultiWorld's reconcile step: observe, plan, execute, store.
 
-Level-based and idempotent: every step lists the pods afresh and plans from the stored status,
-so a step repeated, interrupted or run by a freshly restarted operator converges to the same
-pods. Execution follows the planner's order, with the status standing for the world table:
-deletes, then the status (every worker follows `status.table`), then creates, then Events.
-Writing the status before the creates means a crash in between leaves the new epoch and pod
-stamps stored, and the next step only creates what is still missing.
+Level-based and idempotent: every step plans from the pods as they are (a cache kept current by
+the pod watch, listed afresh now and then: pod_cache.py) and from the planner's memory, so a
+step repeated, interrupted or run by a freshly restarted operator converges to the same pods.
+Execution follows the planner's order: deletes; the memory (the ConfigMap named like the
+MultiWorld: memory.py); the live table (one ConfigMap per world that changed:
+world_tables.py); creates; the CR's status (the view kubectl shows); Events. The memory goes
+before the table and the creates, so a crash in between leaves the new epoch and pod stamps
+stored, and the next step only publishes and creates what is still missing.
 
-API writes for one world failure: that world's pods (deletes and creates), one status patch,
-its Events; nothing scales with the number of other worlds.
+API writes for one world failure: that world's pods (deletes and creates), its ConfigMap, the
+memory, one status patch and its Events; nothing scales with the number of other worlds.
 """
 
 from __future__ import annotations
@@ -21,13 +23,18 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from ..planner import MultiWorldStatus, Observation, Plan, plan
+from multiworld.contract import WORLD_LABEL, WorldEntry, WorldTable, world_table_name
+
+from ..planner import CreatePod, MultiWorldStatus, Observation, Plan, merge_patch, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
-from .api import KubeApi
+from .api import KubeApi, each
 from .bodies import declared_ports, network_policy_body, pod_body, rendezvous_host, selector, service_body
+from .memory import memory_body, read_memory
 from .observe import ObjectMeta, ObservedPods, observe_pods
+from .pod_cache import PodCache
 from .ports import world_ports
 from .refusal import CREATE_REFUSED, INVALID_SPEC, RECONCILE_ERROR, error_patch, refusal_patch
+from .world_tables import published_entry, table_writes, world_table_body
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +52,33 @@ class CreateRefused(Exception):
 
 
 class Reconciler:
-    """Reconciles one MultiWorld. `body` is its latest manifest as watched; the status this
-    reconciler stored is remembered, since a watched body may lag behind our own writes."""
+    """Reconciles one MultiWorld. `body` is its latest manifest as watched. What this reconciler
+    wrote (the memory, the status view, the table's entries) is remembered, since a watched
+    body may lag behind our own writes."""
 
     def __init__(self, api: KubeApi, body: Mapping[str, Any]) -> None:
         self.api = api
         self.body: dict[str, Any] = dict(body)
-        self.stored: dict[str, Any] | None = body.get("status")
-        self.service_known = False
+        self.pods = PodCache()
+        self._start_afresh()
         # The error the last steps failed with, reported once (None once a step succeeds).
         self.failing_with: str | None = None
+
+    def _start_afresh(self) -> None:
+        """Forget what was known of an earlier MultiWorld of this name."""
+        # The planner's memory as stored (None: not read yet, or there is none: see _load).
+        self.memory: dict[str, Any] | None = None
+        self.loaded = False
+        # The CR's status as last written or watched.
+        self.view: dict[str, Any] | None = self.body.get("status")
+        # World -> the entry its ConfigMap holds now (None: there, but unreadable).
+        self.published: dict[str, WorldEntry | None] = {}
+        # ConfigMap name -> the resourceVersion this reconciler last wrote or read.
+        self.versions: dict[str, str] = {}
+        self.service_known = False
         # The spec generation whose NetworkPolicy was last made to match (None: not yet).
         self.policy_checked: int | None = None
+        self._parsed: tuple[tuple[str, int | None], MultiWorld] | None = None
         # Create failures already posted as Events, so a retried step does not repeat them.
         self._reported_errors: set[str] = set()
 
@@ -79,15 +101,26 @@ class Reconciler:
         old = self.body["metadata"]
         new = body["metadata"]
         renewed = new["uid"] != old["uid"]
-        if renewed:
-            self.stored, self.service_known, self.policy_checked = body.get("status"), False, None
-            self._reported_errors.clear()
         self.body = dict(body)
+        if renewed:
+            self.pods = PodCache()
+            self._start_afresh()
         return renewed or new.get("generation") != old.get("generation") or self.deleting
+
+    def pod_changed(self, deleted: bool, pod: Mapping[str, Any]) -> bool:
+        """A pod of this MultiWorld as the watch reported it; True when it is news."""
+        return self.pods.changed(deleted, pod)
 
     @property
     def deleting(self) -> bool:
         return self.body["metadata"].get("deletionTimestamp") is not None
+
+    def _multiworld(self, body: Mapping[str, Any]) -> MultiWorld:
+        """The parsed manifest, parsed once per spec generation."""
+        key = (self.uid, body["metadata"].get("generation"))
+        if self._parsed is None or self._parsed[0] != key:
+            self._parsed = (key, parse_manifest(body))
+        return self._parsed[1]
 
     async def step(self) -> float | None:
         """Reconcile once; returns seconds until the planner wants another look, if it does."""
@@ -95,12 +128,14 @@ class Reconciler:
             return None
         body = self.body
         try:
-            multiworld = parse_manifest(body)
+            multiworld = self._multiworld(body)
         except SpecError as error:
             await self._refuse(body, error.problems)
             return None
-        items = await self.api.list_pods(self.namespace, selector(self.name))
-        seen = observe_pods(items, self.uid)
+        await self._load()
+        if self.pods.stale():
+            self.pods.listed(*await self.api.list_pods(self.namespace, selector(self.name)))
+        seen = observe_pods(self.pods.pods(), self.uid)
         result = self._plan(multiworld, seen)
         await self._ensure_service(body)
         await self._ensure_network_policy(body, multiworld)
@@ -108,34 +143,41 @@ class Reconciler:
             uid = seen.present.get(delete.pod)
             if uid is not None and delete.pod not in seen.terminating:
                 log.info("%s/%s: deleting pod %s (%s)", self.namespace, self.name, delete.pod, delete.reason)
-                await self.api.delete_pod(self.namespace, delete.pod, uid)
-        await self._store(result.status)
-        failures = []
-        for create in result.creates:
-            if create.pod in seen.terminating:
-                # Deleted with a grace period (`kubectl delete pod`): its worlds failed already
-                # and its replacement needs the name, so the rest of that period is cut short.
-                log.info("%s/%s: deleting pod %s at once (replaced)", self.namespace, self.name, create.pod)
-                await self.api.delete_pod(self.namespace, create.pod, seen.present[create.pod])
-            if create.pod in seen.present:
-                continue  # created once the old instance (or an older MultiWorld's pod) is gone
-            try:
-                if not await self.api.create_pod(self.namespace, pod_body(create, body)):
-                    taken = await self._taken("pod", create.pod, await self.api.read_pod(self.namespace, create.pod))
-                    if taken:
-                        failures.append(taken)
-            except ApiException as error:
-                if error.status is not None and error.status >= 500:
-                    raise
-                failures.append(f"pod {create.pod}: {api_message(error)}")
-        for event in result.events:
-            await self._event(event.type, event.reason, event.message)
+                await self._delete_pod(delete.pod, uid)
+        refused = await self._remember(body, result.status)
+        if refused:
+            await self._report_create_failures([refused])  # nothing goes out before the memory
+        failures = await self._publish(body, result.table)
+        failures += [f for f in await each(self._create(body, c, seen) for c in result.creates) if f]
+        await self._show(result.status)
+        await each(self._event(e.type, e.reason, e.message) for e in result.events)
         if failures:
             await self._report_create_failures(failures)
         return result.requeue_after
 
+    async def _load(self) -> None:
+        """Once: the memory (its ConfigMap; else a status an operator before it wrote whole,
+        with the table; else none: a new MultiWorld) and the table's entries as published."""
+        if self.loaded:
+            return
+        found = await self.api.read_configmap(self.namespace, self.name)
+        if found is not None and ObjectMeta.model_validate(found["metadata"]).owned_by(self.uid):
+            self.memory = read_memory(found)
+            self.versions[self.name] = str(found["metadata"]["resourceVersion"])
+        elif self.view is not None and "table" in self.view:
+            self.memory = dict(self.view)
+        elif self.view is not None and self.view.get("worlds"):
+            log.warning("%s/%s: the operator's memory (ConfigMap %s) is gone: every world starts afresh",
+                        self.namespace, self.name, self.name)
+        for item in await self.api.list_configmaps(self.namespace, f"{selector(self.name)},{WORLD_LABEL}"):
+            meta = ObjectMeta.model_validate(item["metadata"])
+            if meta.owned_by(self.uid) and WORLD_LABEL in meta.labels:
+                self.published[meta.labels[WORLD_LABEL]] = published_entry(item)
+                self.versions[meta.name] = meta.resource_version
+        self.loaded = True
+
     def _plan(self, multiworld: MultiWorld, seen: ObservedPods) -> Plan:
-        previous = MultiWorldStatus.from_dict(self.stored)
+        previous = MultiWorldStatus.from_dict(self.memory)
         ports = world_ports(multiworld, previous.table if previous else None)
         return plan(
             multiworld,
@@ -143,6 +185,75 @@ class Reconciler:
             Observation(now=datetime.now(timezone.utc), pods=seen.pods, reports=seen.reports),
             endpoint=lambda world, rank0: (rendezvous_host(self.name, rank0), ports[world]),
         )
+
+    async def _delete_pod(self, pod: str, uid: str) -> None:
+        deleted = await self.api.delete_pod(self.namespace, pod, uid)
+        if deleted is not None:
+            self.pods.changed(True, deleted)
+
+    async def _create(self, body: Mapping[str, Any], create: CreatePod, seen: ObservedPods) -> str | None:
+        """Create one pod; why it could not be, if it could not."""
+        if create.pod in seen.terminating:
+            # Deleted with a grace period (`kubectl delete pod`): its worlds failed already
+            # and its replacement needs the name, so the rest of that period is cut short.
+            log.info("%s/%s: deleting pod %s at once (replaced)", self.namespace, self.name, create.pod)
+            await self._delete_pod(create.pod, seen.present[create.pod])
+        if create.pod in seen.present:
+            return None  # created once the old instance (or an older MultiWorld's pod) is gone
+        try:
+            created = await self.api.create_pod(self.namespace, pod_body(create, body))
+        except ApiException as error:
+            if error.status is not None and error.status >= 500:
+                raise
+            return f"pod {create.pod}: {api_message(error)}"
+        if created is not None:
+            self.pods.changed(False, created)
+            return None
+        return await self._taken("pod", create.pod, await self.api.read_pod(self.namespace, create.pod))
+
+    async def _remember(self, body: Mapping[str, Any], status: MultiWorldStatus) -> str | None:
+        """Store the planner's memory; why it could not be, if it could not."""
+        memory = status.to_dict()
+        if memory == self.memory:
+            return None
+        if not await self._write_configmap(memory_body(body, memory)):
+            return (f"ConfigMap {self.name} (the operator's memory of this MultiWorld) already exists and is "
+                    "not this MultiWorld's; it is left alone")
+        self.memory = memory
+        return None
+
+    async def _publish(self, body: Mapping[str, Any], table: WorldTable) -> list[str]:
+        """Make the world ConfigMaps hold the table's entries."""
+        writes = table_writes(self.published, table)
+
+        async def write(entry: WorldEntry) -> str | None:
+            if not await self._write_configmap(world_table_body(body, entry)):
+                return (f"ConfigMap {world_table_name(self.name, entry.name)} (world {entry.name}'s table entry) "
+                        "already exists and is not this MultiWorld's; it is left alone")
+            self.published[entry.name] = entry
+            return None
+
+        async def remove(world: str) -> None:
+            await self.api.delete_configmap(self.namespace, world_table_name(self.name, world))
+            self.versions.pop(world_table_name(self.name, world), None)
+            del self.published[world]
+
+        failures = await each(write(entry) for entry in writes.write)
+        await each(remove(world) for world in writes.remove)
+        return [f for f in failures if f]
+
+    async def _write_configmap(self, body: dict[str, Any]) -> bool:
+        name = body["metadata"]["name"]
+        version = await self.api.write_configmap(self.namespace, body, self.versions.get(name))
+        if version is None:
+            return False
+        self.versions[name] = version
+        return True
+
+    async def _show(self, status: MultiWorldStatus) -> None:
+        view = status.view()
+        if view != self.view:
+            await self._patch_status(merge_patch(self.view, view), view)
 
     async def _ensure_service(self, body: Mapping[str, Any]) -> None:
         if self.service_known:
@@ -187,12 +298,6 @@ class Reconciler:
         return (f"{kind} {name} already exists and is not this MultiWorld's "
                 f"({f'owned by {owner.kind} {owner.name}' if owner else 'it has no owner'}); it is left alone")
 
-    async def _store(self, status: MultiWorldStatus) -> None:
-        desired = status.to_dict()
-        if desired == self.stored:
-            return
-        await self._patch_status(status.merge_patch(self.stored), desired)
-
     async def _patch_status(self, patch: dict[str, Any], desired: dict[str, Any]) -> None:
         try:
             await self.api.patch_status(self.namespace, self.name, patch)
@@ -200,15 +305,15 @@ class Reconciler:
             if error.status == 404:
                 raise MultiWorldGone(f"{self.namespace}/{self.name}") from error
             raise
-        self.stored = desired
+        self.view = desired
 
     async def _refuse(self, body: Mapping[str, Any], problems: list[str]) -> None:
         generation = body["metadata"].get("generation")
-        patch = refusal_patch(self.stored, generation, problems, datetime.now(timezone.utc))
+        patch = refusal_patch(self.view, generation, problems, datetime.now(timezone.utc))
         if patch is None:
             return
         log.warning("%s/%s: %s", self.namespace, self.name, "; ".join(problems))
-        await self._patch_status(patch, {**(self.stored or {}), **patch})
+        await self._patch_status(patch, {**(self.view or {}), **patch})
         await self._event("Warning", INVALID_SPEC, patch["conditions"][-1]["message"])
 
     async def report_error(self, error: Exception) -> None:
@@ -219,9 +324,9 @@ class Reconciler:
         else:
             reason, message = RECONCILE_ERROR, f"reconcile step failed: {type(error).__name__}: {error}"
         message = message[:EVENT_MESSAGE_MAX]
-        patch = error_patch(self.stored, reason, message, datetime.now(timezone.utc))
+        patch = error_patch(self.view, reason, message, datetime.now(timezone.utc))
         if patch is not None:  # a failed step may have stored the planner's status first
-            await self._patch_status(patch, {**(self.stored or {}), **patch})
+            await self._patch_status(patch, {**(self.view or {}), **patch})
         if reason == RECONCILE_ERROR and message != self.failing_with:
             await self._event("Warning", RECONCILE_ERROR, message)
         self.failing_with = message

@@ -1,7 +1,8 @@
 """The runner's end of the local channel: a TCP server speaking `ChannelMessage` lines.
 
 Workers connect to `local://127.0.0.1:PORT` (their MULTIWORLD_TABLE), say `hello` with their
-pod name, then send reports and status; the runner pushes every new world table to all.
+pod name, then send reports and status; the runner pushes each worker its part of every new
+world table (the entries of its own worlds: a change elsewhere sends it nothing).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class ChannelServer:
         self._on_status = on_status
         self._table = WorldTable()
         self._writers: dict[str, asyncio.StreamWriter] = {}
+        # Per pod: the entries last sent to it.
+        self._sent: dict[str, WorldTable] = {}
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str = "127.0.0.1") -> str:
@@ -35,19 +38,25 @@ class ChannelServer:
         return f"local://{host}:{port}"
 
     def publish(self, table: WorldTable) -> None:
-        """Send `table` to every connected worker (and to later ones on hello)."""
+        """Send each connected worker its part of `table` where that part changed (and later
+        ones theirs on hello)."""
         if table == self._table:
             return
         self._table = table
-        line = ChannelMessage(table=table).encode()
         for pod, writer in list(self._writers.items()):
-            self._send(pod, writer, line)
+            self._send(pod, writer)
 
-    def _send(self, pod: str, writer: asyncio.StreamWriter, line: bytes) -> None:
+    def _send(self, pod: str, writer: asyncio.StreamWriter) -> None:
+        part = self._table.for_pod(pod)
+        sent = self._sent.get(pod)
+        if sent is not None and sent.worlds == part.worlds:
+            return
         try:
-            writer.write(line)
+            writer.write(ChannelMessage(table=part).encode())
         except (ConnectionError, RuntimeError):
             self._writers.pop(pod, None)
+            return
+        self._sent[pod] = part
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pod = ""
@@ -61,7 +70,8 @@ class ChannelServer:
                 if msg.hello is not None:
                     pod = msg.hello
                     self._writers[pod] = writer
-                    self._send(pod, writer, ChannelMessage(table=self._table).encode())
+                    self._sent.pop(pod, None)  # a new process of that pod: it knows nothing yet
+                    self._send(pod, writer)
                 elif msg.report is not None:
                     self._on_report(msg.report)
                 elif msg.status is not None:

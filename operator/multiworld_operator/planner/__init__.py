@@ -9,12 +9,13 @@ Public API (stable; both platforms call it the same way):
                   backend_of=None)          # world -> 'nccl'|'gloo'; default: multiworld.backend_of
     for action in result.actions:           # in order: DeletePod, PublishTable, CreatePod, EmitEvent
         ...
-    store(result.status)                    # MultiWorldStatus; .to_dict() is the CR's status,
-                                            # .merge_patch(stored_dict) the merge patch to write it
+    store(result.status)                    # MultiWorldStatus (the planner's memory): .to_dict()
+                                            # all of it, .view() the CR's status; merge_patch(old,
+                                            # new) the JSON merge patch between two such dicts
     result.table                            # contract.WorldTable for the workers (= status.table)
     result.requeue_after                    # seconds until a backoff ends, or None
 
-- `status` is what the previous plan returned (`MultiWorldStatus.from_dict(cr["status"])`), or
+- `status` is what the previous plan returned (`MultiWorldStatus.from_dict(stored)`), or
   None the first time. Re-planning the same observation is harmless: same status, no new epoch,
   only the still-pending creates/deletes repeated.
 - `Observation.pods`: every pod of this MultiWorld that exists, with `created_for` read back
@@ -51,8 +52,11 @@ from .status import (
     MultiWorldStatus,
     Phase,
     PodRecord,
+    StatusView,
     WorldPhase,
     WorldStatus,
+    WorldView,
+    merge_patch,
 )
 
 __all__ = [
@@ -72,7 +76,10 @@ __all__ = [
     "PodPhase",
     "PodRecord",
     "PublishTable",
+    "StatusView",
     "WorldPhase",
     "WorldStatus",
+    "WorldView",
+    "merge_patch",
     "plan",
 ]

@@ -1,8 +1,13 @@
-"""The MultiWorld `status`: what `kubectl get/describe mw` shows, and the planner's memory.
+"""The MultiWorld `status`: the planner's memory, and the part of it `kubectl get/describe mw`
+shows.
 
-The planner reads the previous status and returns the next one; platforms store it (the CR's
-status subresource, or the local runner's memory) with `to_dict()` and read it back with
-`MultiWorldStatus.from_dict(...)`. The CRD's status schema is generated from these models.
+The planner reads the previous `MultiWorldStatus` and returns the next one; platforms store it
+whole with `to_dict()` and read it back with `MultiWorldStatus.from_dict(...)` (the local runner
+in its memory, the operator in a ConfigMap of its own). `view()` is the part written to the CR's
+status subresource: every world's phase, epoch, size, ready ranks, restarts and last failure, and
+the conditions; its size grows by a few dozen bytes per world, so a MultiWorld of thousands of
+worlds stays well inside etcd's object limit. The CRD's status schema is generated from
+`StatusView`.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ class Failure(_StatusModel):
     message: str = ""
 
 
-class WorldStatus(_StatusModel):
+class WorldView(_StatusModel):
+    """One world as the CR's status shows it."""
+
     phase: WorldPhase = "Pending"
     epoch: int = Field(default=1, ge=1)
     size: int = 0
@@ -48,14 +55,19 @@ class WorldStatus(_StatusModel):
     last_failure: Failure | None = None
     # When a restart waits for its backoff: the world leaves the table until then.
     restart_at: datetime | None = None
+    # While the world forms: its pods that are not running yet, with why they wait.
+    waiting: dict[str, str] = Field(default_factory=dict)
+
+
+class WorldStatus(WorldView):
+    """One world in the planner's memory."""
+
     # Restarts still inside the failure policy's window (oldest first).
     recent_restarts: list[datetime] = Field(default_factory=list)
     # The rank list and backend this epoch was formed with; a spec edit that changes them
     # starts a new epoch.
     pods: list[str] = Field(default_factory=list)
     backend: Backend = "gloo"
-    # While the world forms: its pods that are not running yet, with why they wait.
-    waiting: dict[str, str] = Field(default_factory=dict)
 
     @property
     def up(self) -> bool:
@@ -78,25 +90,39 @@ class Condition(_StatusModel):
     last_transition_time: datetime
 
 
-class MultiWorldStatus(_StatusModel):
+class StatusView(_StatusModel):
+    """The CR's `status`."""
+
     phase: Phase = "Pending"
     observed_generation: int | None = None
     worlds_ready: str = "0/0"
     restarts: int = 0
-    worlds: dict[str, WorldStatus] = Field(default_factory=dict)
+    # One field for server-side field tracking: per-key tracking would add managedFields
+    # entries as large as the worlds themselves.
+    worlds: dict[str, WorldView] = Field(default_factory=dict, json_schema_extra={"x-kubernetes-map-type": "atomic"})
     conditions: list[Condition] = Field(default_factory=list)
+
+
+class MultiWorldStatus(StatusView):
+    """The planner's memory: the view, every world's formation and restart history, the live
+    world table, and a record per pod instance the planner asked for."""
+
+    worlds: dict[str, WorldStatus] = Field(default_factory=dict)
     table: WorldTable = Field(default_factory=WorldTable)
     pods: dict[str, PodRecord] = Field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The CR's `status` (JSON-ready, camelCase keys)."""
+        """All of it, JSON-ready with camelCase keys."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
-    def merge_patch(self, stored: Mapping[str, Any] | None) -> dict[str, Any]:
-        """A JSON merge patch turning the `stored` status into this one. Keys this status no
-        longer has (a removed world or pod record, a cleared restartAt) become null, which a
-        merge patch needs to delete them; a plain `to_dict()` would leave them behind."""
-        return _merge_patch(stored or {}, self.to_dict())
+    def view(self) -> dict[str, Any]:
+        """The CR's `status`: the memory less the table, the pod records and each world's
+        formation and restart history; `waiting` only while a world waits."""
+        view = self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude=_NOT_VIEWED)
+        for world in view["worlds"].values():
+            if not world["waiting"]:
+                del world["waiting"]
+        return view
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> MultiWorldStatus | None:
@@ -109,10 +135,22 @@ class MultiWorldStatus(_StatusModel):
         return next((c for c in self.conditions if c.type == type_), None)
 
 
+_NOT_VIEWED: Any = {"table": True, "pods": True,
+                    "worlds": {"__all__": set(WorldStatus.model_fields) - set(WorldView.model_fields)}}
+
+
+def merge_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning `old` into `new`. Keys `new` no longer has (a removed world, a
+    cleared restartAt) become null, which a merge patch needs to delete them."""
+    return _merge_patch(old or {}, new)
+
+
 def _merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     patch: dict[str, Any] = {key: None for key in old if key not in new}
     for key, value in new.items():
         before = old.get(key)
+        if key in old and value == before:
+            continue
         if isinstance(value, Mapping) and isinstance(before, Mapping):
             patch[key] = _merge_patch(before, value)
         else:

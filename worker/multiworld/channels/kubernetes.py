@@ -1,7 +1,9 @@
 """The Kubernetes channel (MULTIWORLD_TABLE=kubernetes://NAMESPACE/NAME).
 
-- Table: the MultiWorld's `status.table`, watched (read-only: get, list, watch multiworlds);
-  `on_table` gets every new revision, from a background thread.
+- Table: the world ConfigMaps labelled with this pod (multiworld.contract: one per world of the
+  pod, each holding that world's entry), listed and watched (read-only: get, list, watch
+  configmaps); `on_table` gets the pod's table whenever an entry changes, appears or goes, from
+  a background thread. A failure in a world this pod is not in sends it nothing.
 - Reports and status: annotations on the worker's own Pod (patch pods), which the operator
   reads: `multiworld.io/broken-world` (the latest BrokenWorldReport), `multiworld.io/broken-worlds`
   (the latest report per world, so reports at once never hide one another) and
@@ -37,13 +39,16 @@ from multiworld.contract import (
     STATUS_ANNOTATION,
     BrokenWorldReport,
     WorkerStatus,
+    WorldEntry,
     WorldTable,
+    event_name,
+    pod_table_selector,
+    table_entry,
 )
 
 log = logging.getLogger(__name__)
 
 SCHEME = "kubernetes://"
-GROUP, VERSION, PLURAL = "multiworld.io", "v1alpha1", "multiworlds"
 REQUEST_TIMEOUT_S = 30.0
 # The server ends each watch after this long; the client gives up on a silent one a bit later.
 WATCH_TIMEOUT_S = 240
@@ -98,7 +103,6 @@ class KubernetesChannel:
         api = api or api_client()
         api.user_agent = "multiworld-worker"
         self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._wake_writer = threading.Condition(self._lock)
@@ -108,6 +112,8 @@ class KubernetesChannel:
         self._response: urllib3.BaseHTTPResponse | None = None
         self._pod_uid: str | None = None
         self._threads: list[threading.Thread] = []
+        # Every byte the table's reads and watches brought in (for benchmarks and diagnostics).
+        self.bytes_received = 0
 
     # -- the protocol ------------------------------------------------------------------------
 
@@ -147,49 +153,61 @@ class KubernetesChannel:
 
     def _watch(self, on_table: TableCallback) -> None:
         follower = _TableFollower(on_table)
+        selector = pod_table_selector(self.name, self.pod)
         backoff = _Backoff()
         while not self._closed.is_set():
             try:
-                current = self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, self.name, _request_timeout=REQUEST_TIMEOUT_S)
-                follower.offer(current)
-                self._follow(follower, current["metadata"]["resourceVersion"], backoff)
+                response = self.core.list_namespaced_config_map(
+                    self.namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S,
+                    _preload_content=False)
+                self.bytes_received += len(response.data)
+                listing = json.loads(response.data)
+                follower.listed(listing.get("items") or [])
+                self._follow(follower, selector, listing["metadata"]["resourceVersion"], backoff)
             except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
                 if self._closed.is_set():
                     return
-                _exit_if_refused(error, f"get, list and watch multiworlds (its MultiWorld {self.namespace}/{self.name})")
+                _exit_if_refused(error, f"get, list and watch configmaps (its worlds' table entries in {self.namespace})")
                 delay = backoff.next()
-                log.warning("watching MultiWorld %s/%s failed (%s); again in %gs",
+                log.warning("watching the world table of %s/%s failed (%s); again in %gs",
                             self.namespace, self.name, _describe(error), delay)
                 self._closed.wait(delay)
 
-    def _follow(self, follower: _TableFollower, resource_version: str, backoff: _Backoff) -> None:
+    def _follow(self, follower: _TableFollower, selector: str, resource_version: str, backoff: _Backoff) -> None:
         """Watch from `resource_version` until the server ends the watch or the version is too
-        old (then the caller reads the object afresh)."""
+        old (then the caller lists afresh)."""
         while not self._closed.is_set():
-            response = self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, field_selector=f"metadata.name={self.name}",
-                watch=True, resource_version=resource_version, allow_watch_bookmarks=True,
-                timeout_seconds=WATCH_TIMEOUT_S, _preload_content=False,
+            response = self.core.list_namespaced_config_map(
+                self.namespace, label_selector=selector, watch=True, resource_version=resource_version,
+                allow_watch_bookmarks=True, timeout_seconds=WATCH_TIMEOUT_S, _preload_content=False,
                 _request_timeout=(REQUEST_TIMEOUT_S, WATCH_READ_TIMEOUT_S))
             with self._lock:
                 self._response = response
             if self._closed.is_set():
                 return
             try:
-                for line in _lines(response):
+                for line in self._lines(response):
                     event = json.loads(line)
                     if event.get("type") == "ERROR":
-                        return  # typically 410 Gone: read the object afresh
+                        return  # typically 410 Gone: list afresh
                     obj = event.get("object") or {}
                     resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
-                    if event.get("type") in ("ADDED", "MODIFIED"):
-                        follower.offer(obj)
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        follower.changed(obj, deleted=event["type"] == "DELETED")
                     backoff.reset()
             finally:
                 with self._lock:
                     self._response = None
                 response.release_conn()
+
+    def _lines(self, response: urllib3.BaseHTTPResponse) -> Any:
+        """Newline-delimited JSON events of a watch response."""
+        buffer = b""
+        for chunk in response.stream(4096, decode_content=True):
+            self.bytes_received += len(chunk)
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            yield from (line for line in complete if line.strip())
 
     # -- reports and status ------------------------------------------------------------------
 
@@ -252,7 +270,7 @@ class KubernetesChannel:
         peer = "" if report.peer_rank is None else f" (peer rank {report.peer_rank})"
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         body: dict[str, Any] = {
-            "metadata": {"generateName": f"{self.pod}.", "namespace": self.namespace},
+            "metadata": {"name": event_name(self.pod), "namespace": self.namespace},
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": self.pod,
                                "namespace": self.namespace, "uid": self._pod_uid},
             "type": "Warning",
@@ -299,42 +317,52 @@ def from_url(url: str, pod: str) -> KubernetesChannel:
 
 
 class _TableFollower:
-    """Hands each new table revision to `on_table` once. A MultiWorld deleted and created
-    again (a new uid) starts its revisions afresh."""
+    """The pod's table: the entries of the world ConfigMaps that name it, handed to `on_table`
+    as a WorldTable whenever one of them changes. Revisions count this follower's tables."""
 
     def __init__(self, on_table: TableCallback) -> None:
         self.on_table = on_table
-        self.uid: str | None = None
-        self.revision = -1
+        self.entries: dict[str, WorldEntry] = {}
+        self.revision = 0
 
-    def offer(self, obj: dict[str, Any]) -> None:
-        raw = (obj.get("status") or {}).get("table")
-        if raw is None:
+    def listed(self, items: list[dict[str, Any]]) -> None:
+        entries = {}
+        for item in items:
+            entry = _entry(item)
+            if entry is not None:
+                entries[entry.name] = entry
+        self._offer(entries)
+
+    def changed(self, obj: dict[str, Any], deleted: bool) -> None:
+        entry = _entry(obj)
+        if entry is None:
             return
-        try:
-            table = WorldTable.model_validate(raw)
-        except ValidationError as error:
-            log.warning("ignoring an unreadable world table: %s", error)
+        entries = dict(self.entries)
+        if deleted:
+            entries.pop(entry.name, None)
+        else:
+            entries[entry.name] = entry
+        self._offer(entries)
+
+    def _offer(self, entries: dict[str, WorldEntry]) -> None:
+        if entries == self.entries and self.revision:
             return
-        uid = obj.get("metadata", {}).get("uid")
-        if uid != self.uid:
-            self.uid, self.revision = uid, -1
-        if table.revision <= self.revision:
-            return
-        self.revision = table.revision
+        self.entries = entries
+        self.revision += 1
+        table = WorldTable(revision=self.revision, worlds=sorted(entries.values(), key=lambda e: e.name))
         try:
             self.on_table(table)
         except Exception:  # the caller's bug must not stop the table from flowing
             log.exception("on_table failed for revision %d", table.revision)
 
 
-def _lines(response: urllib3.BaseHTTPResponse) -> Any:
-    """Newline-delimited JSON events of a watch response."""
-    buffer = b""
-    for chunk in response.stream(4096, decode_content=True):
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        yield from (line for line in complete if line.strip())
+def _entry(obj: dict[str, Any]) -> WorldEntry | None:
+    try:
+        return table_entry(obj)
+    except ValidationError as error:
+        log.warning("ignoring an unreadable world table entry (ConfigMap %s): %s",
+                    obj.get("metadata", {}).get("name"), error)
+        return None
 
 
 def _describe(error: BaseException) -> str:

@@ -1,0 +1,209 @@
+"""The operator at scale against a real API server: a MultiWorld of 1,000 worlds must react as
+fast as one of 2, and what a failure costs everyone else must not grow with the worlds.
+
+The scene is bench/operator.py's: its own control plane, the chart installed for real, the
+operator as a process of its own, and a stand-in kubelet that marks each new pod Running
+KUBELET_START_S after it appears and fails pods on request, through their status.
+
+MultiWorlds are stars: a leader (router) in every world w<i>, and one exclusive pod m<i>-0 per
+world. Per size (worlds):
+- create_s: from the create call until the last pod exists (seen through a watch).
+- object_kib: the MultiWorld as the API server returns it (managedFields included) once every
+  world is Running.
+- react_s: median over FAILURES failures, a different replica each time: from just before the
+  status patch that marks the pod Failed until its replacement, stamped with the new epoch,
+  is seen by a watch.
+- worker_watch_kib_per_failure: a worker's Kubernetes channel (multiworld.channels.kubernetes,
+  the one in every pod) runs here for the pod of an unaffected world; the bytes it received
+  from each failure until the failed world was Running again, mean.
+- operator_rss_mib: the operator's peak resident memory (VmHWM) once that size has run.
+- many: MANY MultiWorlds of MANY_WORLDS worlds each. react_s across them (a different
+  MultiWorld each failure) beside `single`, the same failures of one such MultiWorld measured
+  before the others were created.
+- object_kib at OBJECT_WORLDS worlds: created and run once, for its size only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import _common as common
+from _operator_scene import GROUP, PLURAL, VERSION, Scene, fail_and_recover, scene, start, wait_for
+from kubernetes import client
+
+from multiworld.channels.kubernetes import KubernetesChannel
+from multiworld.contract import WorldTable
+
+SIZES = (2, 100, 1000)
+QUICK_SIZES = (2, 10)
+FAILURES = 20
+OBJECT_WORLDS = 4000
+MANY, MANY_WORLDS = 200, 4
+KUBELET_START_S = 0.5
+
+REACT_LIMIT_S = 0.3
+WATCH_GROWTH_LIMIT = 2.0
+OBJECT_LIMIT_KIB = 1024.0
+OPERATOR_RSS_LIMIT_MIB = 256.0
+CREATE_LIMIT_S = 10.0
+AS_FAST_AS = 1.5
+
+
+def parse_args(argv: Sequence[str] | None) -> Any:
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=common.positive(int), nargs="+", default=None,
+                   help=f"MultiWorld sizes in worlds (default {' '.join(map(str, SIZES))})")
+    p.add_argument("--failures", type=common.positive(int), default=None,
+                   help=f"failures timed per size (default {FAILURES}; 3 with --quick)")
+    p.add_argument("--object-worlds", type=common.positive(int), default=None,
+                   help=f"the size whose object alone is measured (default {OBJECT_WORLDS}; 20 with --quick)")
+    p.add_argument("--many", type=common.positive(int), default=None,
+                   help=f"MultiWorlds of {MANY_WORLDS} worlds for the many-MultiWorlds figure (default {MANY}; 3 with --quick)")
+    p.add_argument("--as", dest="credentials", choices=("chart", "admin"), default="chart",
+                   help="the operator's credentials: the chart's ServiceAccount (default) or the cluster admin")
+    args = p.parse_args(argv)
+    args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
+    args.failures = args.failures or (3 if args.quick else FAILURES)
+    args.object_worlds = args.object_worlds or (20 if args.quick else OBJECT_WORLDS)
+    args.many = args.many or (3 if args.quick else MANY)
+    return args
+
+
+def object_kib(scene: Scene, name: str) -> float:
+    """The MultiWorld's size as the API server serves it (what etcd's limit applies to)."""
+    response = client.CustomObjectsApi(scene.api).get_namespaced_custom_object(
+        GROUP, VERSION, scene.kube.namespace, PLURAL, name, _preload_content=False)
+    return len(response.data) / 1024
+
+
+def delete(scene: Scene, name: str) -> None:
+    """Delete a MultiWorld and wait until its pods are gone, so the next size starts clean."""
+    scene.kube.delete(name)
+    wait_for(f"the pods of {name} gone", lambda: not scene.kube.pods(name))
+
+
+class WorkerWatch:
+    """A worker's own Kubernetes channel for `pod`, counting what it receives."""
+
+    def __init__(self, scene: Scene, name: str, pod: str) -> None:
+        self.channel = KubernetesChannel(f"kubernetes://{scene.kube.namespace}/{name}", pod, api=scene.api)
+        self.tables = 0
+        self._seen = threading.Event()
+
+    def __enter__(self) -> WorkerWatch:
+        self.channel.start(self._on_table)
+        wait_for("the worker channel's first table", self._seen.is_set)
+        return self
+
+    def _on_table(self, table: WorldTable) -> None:
+        self.tables += 1
+        self._seen.set()
+
+    def __exit__(self, *_: object) -> None:
+        self.channel.close()
+
+
+def measure_size(scene: Scene, worlds: int, failures: int) -> dict[str, float]:
+    name = f"s{worlds}"
+    create_s = start(scene, name, worlds)
+    size_kib = object_kib(scene, name)
+    observed = worlds - 1  # the unaffected worker's world: never failed here
+    reacts, received = [], []
+    with WorkerWatch(scene, name, f"{name}-m{observed}-0") as watch:
+        for k in range(failures):
+            before = watch.channel.bytes_received
+            reacts.append(fail_and_recover(scene, name, k % max(1, worlds - 1)))
+            received.append((watch.channel.bytes_received - before) / 1024)
+    rss = scene.operator.peak_rss_mib()
+    delete(scene, name)
+    return {"create_s": create_s, "object_kib": size_kib, "react_s": statistics.median(reacts),
+            "react_p99_s": common.p99(reacts),
+            "worker_watch_kib_per_failure": statistics.mean(received), "operator_rss_mib": rss}
+
+
+def measure_object(scene: Scene, worlds: int) -> float:
+    name = f"o{worlds}"
+    start(scene, name, worlds)
+    size = object_kib(scene, name)
+    delete(scene, name)
+    return size
+
+
+def star_name(i: int) -> str:
+    return f"many{i}"
+
+
+def measure_many(scene: Scene, count: int, failures: int) -> dict[str, float]:
+    """react of one small MultiWorld alone, then across `count` of them."""
+    start(scene, star_name(0), MANY_WORLDS)
+    single = [fail_and_recover(scene, star_name(0), k % MANY_WORLDS) for k in range(failures)]
+    for i in range(1, count):
+        start(scene, star_name(i), MANY_WORLDS)
+    many = [fail_and_recover(scene, star_name(1 + k % (count - 1)), k % MANY_WORLDS) for k in range(failures)]
+    return {"single_react_s": statistics.median(single), "react_s": statistics.median(many),
+            "operator_rss_mib": scene.operator.peak_rss_mib()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    by_size: dict[int, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as directory, \
+            scene(Path(directory), args.credentials, KUBELET_START_S) as the_scene:
+        for worlds in args.sizes:
+            by_size[worlds] = measure_size(the_scene, worlds, args.failures)
+            print(f"{worlds} worlds: {by_size[worlds]}", file=sys.stderr, flush=True)
+        big_object = measure_object(the_scene, args.object_worlds)
+        many = measure_many(the_scene, args.many, args.failures)
+        credentials, loaded = the_scene.credentials, the_scene.loaded
+
+    smallest, largest = min(by_size), max(by_size)
+    rows = [[str(w), common.fmt_s(f["create_s"]), f"{f['object_kib']:.1f}", common.fmt_s(f["react_s"]),
+             common.fmt_s(f["react_p99_s"]), f"{f['worker_watch_kib_per_failure']:.2f}", f"{f['operator_rss_mib']:.0f}"]
+            for w, f in by_size.items()]
+    body = [
+        f"operator: `multiworld operator` in its own process, as {credentials}\n"
+        f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)\n"
+        f"MultiWorlds: a leader in every world w<i>, one exclusive pod m<i>-0 per world; {args.failures} failures per size",
+        common.table(["worlds", "create", "object KiB", "react median", "react p99",
+                      "unaffected worker KiB/failure", "operator peak RSS MiB"], rows),
+        f"object at {args.object_worlds} worlds (every world Running): {big_object:.1f} KiB",
+        f"{args.many} MultiWorlds of {MANY_WORLDS} worlds: react median {common.fmt_s(many['react_s'])}; "
+        f"one alone, before the others existed: {common.fmt_s(many['single_react_s'])}; "
+        f"operator peak RSS {many['operator_rss_mib']:.0f} MiB",
+    ]
+    watch_growth = by_size[largest]["worker_watch_kib_per_failure"] / max(by_size[smallest]["worker_watch_kib_per_failure"], 1e-9)
+    targets = [
+        *(common.Target(f"react median at {w} worlds", by_size[w]["react_s"], REACT_LIMIT_S, " s") for w in (smallest, largest)),
+        common.Target(f"unaffected worker's bytes per failure, {largest} vs {smallest} worlds", watch_growth,
+                      WATCH_GROWTH_LIMIT, "x"),
+        common.Target(f"object at {args.object_worlds} worlds", big_object, OBJECT_LIMIT_KIB, " KiB"),
+        common.Target(f"create at {largest} worlds", by_size[largest]["create_s"], CREATE_LIMIT_S, " s"),
+        common.Target(f"operator peak RSS at {largest} worlds", by_size[largest]["operator_rss_mib"],
+                      OPERATOR_RSS_LIMIT_MIB, " MiB"),
+        common.Target(f"react of {args.many} MultiWorlds vs one alone", many["react_s"] / many["single_react_s"],
+                      AS_FAST_AS, "x"),
+    ]
+    common.report("scale: a MultiWorld of many worlds, and many MultiWorlds (real kube-apiserver)", loaded, body, targets)
+    if args.json:
+        def per(key: str) -> dict[str, float]:
+            return {str(w): f[key] for w, f in by_size.items()}
+
+        common.json_line({
+            "react_s": per("react_s"),
+            "object_kib": {**per("object_kib"), str(args.object_worlds): big_object},
+            "worker_watch_kib_per_failure": per("worker_watch_kib_per_failure"),
+            "create_s": per("create_s"),
+            "operator_rss_mib": per("operator_rss_mib"),
+            "many": {"react_s": many["react_s"], "single_react_s": many["single_react_s"]},
+        })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
