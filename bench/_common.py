@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -287,3 +287,28 @@ def commands() -> Iterable[dict[str, Any]]:
     for line in sys.stdin:
         if line.strip():
             yield json.loads(line)
+
+
+# ---- multiworld run ---------------------------------------------------------------------------
+
+
+def run_local(cmd: Sequence[str], on_stderr: Callable[[str, subprocess.Popen[str]], None],
+              env: dict[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Run `multiworld run ... --json` (cmd) to its end. Each line of its log (stderr) goes to
+    `on_stderr` as soon as it is written, with the process (to signal it); returns the run's
+    summary (its last stdout line) and its log lines."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    stdout: list[str] = []
+    reader = threading.Thread(target=lambda: stdout.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    log: list[str] = []
+    for line in proc.stderr:
+        log.append(line.rstrip("\n"))
+        on_stderr(log[-1], proc)
+    proc.wait()
+    reader.join(30)
+    lines = [line for line in stdout if line.strip()]
+    if not lines:
+        raise RuntimeError("multiworld run printed no summary:\n" + "\n".join(log[-30:]))
+    return json.loads(lines[-1]), log

@@ -23,7 +23,6 @@ timestamps every line the example prints and times the torch import on its own.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import runpy
@@ -174,25 +173,16 @@ def run_manifest(args: Any, manifest: Path, log_dir: Path) -> RunnerOutput:
     # A cap, should world1 never come back: start-up, the kills, and slow recoveries.
     cmd += ["--duration", str(180 + afters[-1] + 60)]
     out = RunnerOutput(summary={})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=common.REPO)
     back = re.compile(rf"\] {BROKEN_WORLD}: Running epoch={args.kills + 1} ranks=(\d+)/\1 ")
-    assert proc.stderr is not None and proc.stdout is not None
-    stdout_lines: list[str] = []
-    reader = threading.Thread(target=lambda: stdout_lines.extend(proc.stdout or []), daemon=True)
-    reader.start()
-    for line in proc.stderr:
-        out.stderr.append(line.rstrip("\n"))
+
+    def watch(line: str, proc: subprocess.Popen[str]) -> None:
         if "injecting failure: SIGKILL" in line:
             out.kills.append(time.time())
         if back.search(line):
             time.sleep(1.0)  # a little steady state after the last recovery
             proc.send_signal(signal.SIGTERM)
-    proc.wait()
-    reader.join(30)
-    lines = [line for line in stdout_lines if line.strip()]
-    if not lines:
-        raise RuntimeError("multiworld run printed no summary:\n" + "\n".join(out.stderr[-30:]))
-    out.summary = json.loads(lines[-1])
+
+    out.summary, out.stderr = common.run_local(cmd, watch)
     return out
 
 

@@ -122,13 +122,17 @@ def _world_info(text: str) -> tuple[int, int]:
     return index, rank
 
 
-def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags of every example, the single-world one included."""
+def add_connection_flags(parser: argparse.ArgumentParser, port_help: str) -> None:
+    """--backend, --addr and --port: where and how a process meets its worlds' peers."""
     parser.add_argument("--backend", choices=["nccl", "gloo"], default=default_backend(),
                         help="communication backend (default: nccl when CUDA is available, else gloo)")
     parser.add_argument("--addr", default="127.0.0.1", help="address of the rendezvous host (rank 0)")
-    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
-                        help="rendezvous port (with --worldinfo W,R: world W uses PORT+W)")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT, help=port_help)
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags of every step-loop example, the single-world one included."""
+    add_connection_flags(parser, "rendezvous port (with --worldinfo W,R: world W uses PORT+W)")
     parser.add_argument("--steps", type=at_least(int, 1), default=100, help="how many steps to run")
     parser.add_argument("--interval", type=at_least(float, 0), default=1.0,
                         help="seconds to sleep between steps")
@@ -189,8 +193,10 @@ class WorldSource:
     async def first(self, name: str) -> World:
         return self._hand_out(await self.manager.join_async(self._assignments[name]))
 
-    async def after_break(self, name: str, epoch: int) -> World | None:
-        """The world to go on with after `epoch` broke; None to stop using it."""
+    async def after_break(self, name: str, epoch: int, *, through_removal: bool = False) -> World | None:
+        """The world to go on with after `epoch` broke; None to stop using it. through_removal:
+        a world that leaves the world table may come back (a world waiting out its restart
+        backoff is out of the table meanwhile), so go on waiting for it."""
         return None
 
     def removed(self, name: str) -> bool:
@@ -223,8 +229,8 @@ class LiveWorldSource(WorldSource):
     async def first(self, name: str) -> World:
         return self._hand_out(await self.manager.wait_world(name))
 
-    async def after_break(self, name: str, epoch: int) -> World | None:
-        while not self.removed(name):
+    async def after_break(self, name: str, epoch: int, *, through_removal: bool = False) -> World | None:
+        while through_removal or not self.removed(name):
             try:
                 return self._hand_out(
                     await self.manager.wait_world(name, newer_than=epoch, timeout=self.REMOVAL_CHECK)
@@ -241,11 +247,17 @@ class LiveWorldSource(WorldSource):
         return False
 
 
-def source_from_env(parser: argparse.ArgumentParser) -> WorldSource:
+def worker_env(parser: argparse.ArgumentParser, flag: str) -> WorkerEnv:
+    """The MultiWorld contract environment of a process given no `flag`."""
     try:
-        env = WorkerEnv.from_env(os.environ)
+        return WorkerEnv.from_env(os.environ)
     except ValueError as exc:
-        parser.error(f"no --worldinfo given, and the MultiWorld environment is unusable: {exc}")
+        parser.error(f"no {flag} given, and the MultiWorld environment is unusable: {exc}")
+
+
+def source_from_env(parser: argparse.ArgumentParser, env: WorkerEnv | None = None) -> WorldSource:
+    """The worlds of the contract environment (`env`, else read here)."""
+    env = env if env is not None else worker_env(parser, "--worldinfo")
     device = choose_cuda_device([a.backend for a in env.worlds], rank_hint=0)
     manager = mw.init_from_env(device=device)
     # Without a table channel the start-up worlds are final: nothing would ever rebuild them.
@@ -253,12 +265,17 @@ def source_from_env(parser: argparse.ArgumentParser) -> WorldSource:
     return source_type(manager, env.worlds)
 
 
+def source_from_assignments(assignments: Sequence[WorldAssignment], backend: str, rank_hint: int) -> WorldSource:
+    """Worlds given once, on the command line. rank_hint: this process's GPU for nccl."""
+    device = choose_cuda_device([backend], rank_hint=rank_hint)
+    manager = WorldManager(pod=f"{os.uname().nodename}-{os.getpid()}", device=device)
+    return WorldSource(manager, assignments)
+
+
 def source_from_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> WorldSource:
     assignments = assignments_from_flags(args, parser)
     # As in the seed, rank R of every world uses GPU R.
-    device = choose_cuda_device([args.backend], rank_hint=assignments[0].rank)
-    manager = WorldManager(pod=f"{os.uname().nodename}-{os.getpid()}", device=device)
-    return WorldSource(manager, assignments)
+    return source_from_assignments(assignments, args.backend, rank_hint=assignments[0].rank)
 
 
 # ---- the step loop -----------------------------------------------------------------------
@@ -309,12 +326,12 @@ async def drive_world(source: WorldSource, name: str, step: StepFn, steps: int, 
             say(f"{name} ended: removed from the world table")
             return Outcome.ENDED
         return Outcome.BROKEN
-    await _leave_together(world)
+    await leave_together(world)
     source.finished(name)
     return Outcome.FINISHED
 
 
-async def _leave_together(world: World) -> None:
+async def leave_together(world: World) -> None:
     """Nobody leaves while a peer may still need it to finish the last step."""
     try:
         await world.barrier(async_op=True)
@@ -335,15 +352,20 @@ async def _run(source: WorldSource, step: StepFn, steps: int, interval: float) -
     return 0
 
 
-def run_example(step: StepFn, description: str | None = None, argv: Sequence[str] | None = None) -> int:
-    """Parse the flags, take the worlds, drive each one with `step`; returns the exit status."""
-    parser = build_parser(description)
-    args = parser.parse_args(argv)
-    # The example prints its own line for every break; the library's logs are there on request.
+def configure_logging(parser: argparse.ArgumentParser) -> None:
+    """The examples print their own line for every break; the library's logs are there on
+    request (MULTIWORLD_LOG_LEVEL)."""
     level = os.environ.get("MULTIWORLD_LOG_LEVEL", "ERROR").upper()
     if not isinstance(logging.getLevelName(level), int):
         parser.error(f"MULTIWORLD_LOG_LEVEL={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)")
     logging.basicConfig(level=level)
+
+
+def run_example(step: StepFn, description: str | None = None, argv: Sequence[str] | None = None) -> int:
+    """Parse the flags, take the worlds, drive each one with `step`; returns the exit status."""
+    parser = build_parser(description)
+    args = parser.parse_args(argv)
+    configure_logging(parser)
     source = source_from_flags(args, parser) if args.worldinfo else source_from_env(parser)
     return asyncio.run(_run(source, step, args.steps, args.interval))
 

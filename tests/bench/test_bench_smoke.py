@@ -1,7 +1,7 @@
-"""The worker benches (collectives, failover, recovery) run end to end with their smallest
-settings (--quick) and report their figures in the documented JSON shape. Their speed targets
-are the benches' business: no timing is asserted here, only that every figure is a finite
-positive number (a count of errors may be zero)."""
+"""The worker benches (collectives, failover, recovery, serving) run end to end with their
+smallest settings (--quick) and report their figures in the documented JSON shape. Their speed
+targets are the benches' business: no timing is asserted here, only that every figure is a
+finite positive number (a count of errors, or a time spent below a floor, may be zero)."""
 
 from __future__ import annotations
 
@@ -85,3 +85,15 @@ def test_recovery_reports_recovery_import_time_and_the_unaffected_world() -> Non
     unaffected = figures["unaffected"]
     assert set(unaffected) == {"worst_gap_ratio", "errors"}
     assert positive(unaffected["worst_gap_ratio"]) and error_count(unaffected["errors"]), unaffected
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_serving_reports_throughput_losses_and_latency_through_failures() -> None:
+    figures = run_bench("serving.py")
+    assert set(figures) == {"steady_rps", "lost", "duplicates", "p99_ms", "dip_s"}
+    assert positive(figures["steady_rps"]), figures
+    assert error_count(figures["lost"]) and error_count(figures["duplicates"]), figures
+    assert set(figures["p99_ms"]) == {"steady", "during_failure"}
+    assert all(positive(v) for v in figures["p99_ms"].values()), figures
+    dip = figures["dip_s"]
+    assert isinstance(dip, (int, float)) and math.isfinite(dip) and dip >= 0, figures

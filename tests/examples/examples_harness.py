@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -57,13 +57,21 @@ def member_env(table: WorldTable, pod: str, table_url: str) -> dict[str, str]:
     return WorkerEnv(pod=pod, worlds=worlds, table=table_url).to_env()
 
 
-def load_common() -> ModuleType:
-    """The examples' shared module, loaded from its file (the examples are no package)."""
-    spec = importlib.util.spec_from_file_location("examples_common", EXAMPLES / "common.py")
+def load_example_module(path: Path, name: str) -> ModuleType:
+    """A module of the examples, loaded from its file as `name` (the examples are no package);
+    its folder goes on sys.path for the modules beside it that it imports."""
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_common() -> ModuleType:
+    """The examples' shared module."""
+    return load_example_module(EXAMPLES / "common.py", "examples_common")
 
 
 def _bindable(port: int) -> bool:
@@ -114,12 +122,19 @@ class ExampleProcess:
 
     def wait_for_line(self, line: str, timeout: float = START_TIMEOUT) -> None:
         """Until the process printed exactly `line`."""
+        self._wait_for(lambda: line in self.lines, repr(line), timeout)
+
+    def wait_for_line_starting(self, prefix: str, timeout: float = START_TIMEOUT) -> None:
+        """Until the process printed a line that starts with `prefix`."""
+        self._wait_for(lambda: any(line.startswith(prefix) for line in self.lines), f"a line {prefix!r}...", timeout)
+
+    def _wait_for(self, printed: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         with self._changed:
-            while line not in self.lines:
+            while not printed():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
-                    raise AssertionError(f"{self.name} never printed {line!r}:\n{self.output()}")
+                    raise AssertionError(f"{self.name} never printed {what}:\n{self.output()}")
                 self._changed.wait(min(remaining, 0.5))
 
     def wait(self, timeout: float = EXIT_TIMEOUT) -> int:
