@@ -281,8 +281,13 @@ class MultiWorld(_SpecModel):
             raise KeyError(f"{what} {name!r} is not declared in MultiWorld {self.name!r}")
         return found
 
+    @cached_property
+    def _world_pods(self) -> dict[str, list[str]]:
+        return {w.name: [pod for member in w.ranks for pod in self.pods_of(member)] for w in self.spec.worlds}
+
     def world_pods(self, world: str) -> list[str]:
-        return [pod for member in self.world(world).ranks for pod in self.pods_of(member)]
+        self.world(world)  # an undeclared world is an error, named
+        return list(self._world_pods[world])
 
     def worlds_of_member(self, member: str) -> list[str]:
         return list(self._member_worlds.get(member, []))

@@ -87,14 +87,14 @@ def test_observation_of_a_listing() -> None:
         REPORTS_ANNOTATION: json.dumps([older.model_dump(mode="json"), report.model_dump(mode="json")]),
         REPORT_ANNOTATION: report.model_dump_json(),
     }
-    cache = PodCache()
+    cache = PodCache(OWNER)
     cache.listed([
         pod("mw-a-1", annotations=annotations),
         pod("mw-a-0", "Unknown", annotations={CREATED_FOR_ANNOTATION: "not json", STATUS_ANNOTATION: "{}"}),
         pod("mw-b-0", deletionTimestamp="2030-01-01T00:00:00Z"),
         pod("mw-b-1", owner="uid-of-an-older-mw"),
     ], "100")
-    seen = observe_pods(cache.pods(), OWNER)
+    seen = observe_pods(cache.pods())
 
     by_name = {p.name: p for p in seen.pods}
     assert set(by_name) == {"mw-a-1", "mw-a-0"}  # terminating and foreign pods are not ours now
@@ -111,23 +111,23 @@ def test_pod_cache_keeps_the_newest_of_listing_and_events() -> None:
     def at(name: str, version: int, phase: str = "Running") -> dict[str, Any]:
         return pod(name, phase, resourceVersion=str(version))
 
-    cache = PodCache()
+    cache = PodCache(OWNER)
     assert cache.stale()
     cache.changed(False, at("mw-a-0", 5, "Pending"))  # an event before the first listing
     cache.changed(True, at("mw-a-1", 12))  # deleted after the listing below was made
     cache.changed(False, at("mw-b-0", 15))  # created after it
     cache.listed([at("mw-a-0", 8), at("mw-a-1", 9), at("mw-b-1", 7)], "10")
     assert not cache.stale()
-    phases = {p.metadata.name: p.status.phase for p in cache.pods()}
+    phases = {p.name: p.observation.phase for p in cache.pods() if p.observation}
     assert phases == {"mw-a-0": "Running", "mw-b-0": "Running", "mw-b-1": "Running"}
 
     assert not cache.changed(False, at("mw-a-0", 6, "Failed"))  # older than what is known
     assert cache.changed(False, at("mw-a-0", 20, "Failed"))
     assert not cache.changed(False, at("mw-a-1", 11))  # a stale event of the deleted instance
     assert cache.changed(False, at("mw-a-1", 21, "Pending"))  # a new instance of that name
-    assert cache.changed(True, at("mw-b-1", 22))
+    assert cache.changed(True, at("mw-b-1", 7))  # a delete's response: the version it deleted
     cache.listed([at("mw-a-0", 20, "Failed"), at("mw-a-1", 21, "Pending"), at("mw-b-0", 15), at("mw-b-1", 7)], "19")
-    phases = {p.metadata.name: p.status.phase for p in cache.pods()}
+    phases = {p.name: p.observation.phase for p in cache.pods() if p.observation}
     assert phases == {"mw-a-0": "Failed", "mw-a-1": "Pending", "mw-b-0": "Running"}  # mw-b-1 stays deleted
 
 

@@ -1,4 +1,5 @@
-"""Pods as the API gives them -> what the planner observes (pure).
+"""Pods as the API gives them -> what the planner observes (pure): `see_pod` reads one pod
+(once per version of it: the pod cache keeps the result), `observe_pods` gathers them.
 
 - Our instances: pods owned by this MultiWorld (by uid). A pod of an older MultiWorld of the
   same name (waiting for the garbage collector) is not ours, but it still holds its name.
@@ -11,7 +12,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -147,28 +148,49 @@ class ObservedPods(BaseModel):
     terminating: set[str] = Field(default_factory=set)
 
 
-def observe_pods(pods: Iterable[KubePod], owner_uid: str) -> ObservedPods:
+class SeenPod(BaseModel):
+    """One pod as the planner and the executor need it, read once per version of the pod."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    uid: str
+    # Ours and not being deleted: what the planner observes.
+    observation: PodObservation | None = None
+    # Ours and being deleted (with a grace period: a pod deleted at once is gone).
+    terminating: bool = False
+    reports: list[BrokenWorldReport] = Field(default_factory=list)
+
+
+def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
+    pod = KubePod.model_validate(item)
+    meta = pod.metadata
+    if not meta.owned_by(owner_uid):
+        return SeenPod(name=meta.name, uid=meta.uid)
+    if meta.deletion_timestamp is not None:
+        return SeenPod(name=meta.name, uid=meta.uid, terminating=True, reports=_reports(meta))
+    return SeenPod(name=meta.name, uid=meta.uid, reports=_reports(meta), observation=PodObservation(
+        name=meta.name,
+        member=meta.labels.get(MEMBER_LABEL, ""),
+        ordinal=_ordinal(meta.labels.get(ORDINAL_LABEL)),
+        phase=_PHASES.get(pod.status.phase, "Pending"),
+        message=pod.status.termination_message,
+        waiting=pod.status.waiting if pod.status.phase == "Pending" else "",
+        started=pod.status.started,
+        created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
+        joined=_joined(meta),
+    ))
+
+
+def observe_pods(pods: Iterable[SeenPod]) -> ObservedPods:
     seen = ObservedPods()
     for pod in pods:
-        meta = pod.metadata
-        seen.present[meta.name] = meta.uid
-        if not meta.owned_by(owner_uid):
-            continue
-        seen.reports += _reports(meta)
-        if meta.deletion_timestamp is not None:
-            seen.terminating.add(meta.name)
-            continue
-        seen.pods.append(PodObservation(
-            name=meta.name,
-            member=meta.labels.get(MEMBER_LABEL, ""),
-            ordinal=_ordinal(meta.labels.get(ORDINAL_LABEL)),
-            phase=_PHASES.get(pod.status.phase, "Pending"),
-            message=pod.status.termination_message,
-            waiting=pod.status.waiting if pod.status.phase == "Pending" else "",
-            started=pod.status.started,
-            created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
-            joined=_joined(meta),
-        ))
+        seen.present[pod.name] = pod.uid
+        seen.reports += pod.reports
+        if pod.terminating:
+            seen.terminating.add(pod.name)
+        elif pod.observation is not None:
+            seen.pods.append(pod.observation)
     return seen
 
 

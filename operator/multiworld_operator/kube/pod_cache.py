@@ -5,7 +5,8 @@ reads memory instead of listing (and parsing) every pod of the MultiWorld again.
 A listing and the watch race: an event may predate the listing, or a listing may still hold a
 pod whose deletion the watch already reported. resourceVersions order them (they are etcd's
 revisions, integers, as Kubernetes' own watch cache compares them); a deleted pod leaves a
-tombstone until a listing newer than its deletion.
+tombstone (the version it was deleted at, or the last version before) until a listing no longer
+holds it.
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from .observe import KubePod
+from .observe import SeenPod, see_pod
 
 # A fresh listing at least this often makes up for an event the watch lost.
 RELIST_S = 60.0
 
 
 class PodCache:
-    def __init__(self) -> None:
-        self._pods: dict[str, tuple[int, KubePod]] = {}
+    """The pods of the MultiWorld with uid `owner_uid`, each read once per version (see_pod)."""
+
+    def __init__(self, owner_uid: str) -> None:
+        self.owner_uid = owner_uid
+        self._pods: dict[str, tuple[int, SeenPod]] = {}
         self._gone: dict[str, int] = {}
         self._listed_at: float | None = None
 
@@ -30,42 +34,48 @@ class PodCache:
         """Whether a listing is due: never listed, or not for RELIST_S."""
         return self._listed_at is None or time.monotonic() - self._listed_at > RELIST_S
 
-    def pods(self) -> list[KubePod]:
+    def pods(self) -> list[SeenPod]:
         return [pod for _, pod in self._pods.values()]
 
     def listed(self, items: list[Mapping[str, Any]], version: str) -> None:
         """Take a listing made at resourceVersion `version`; what the watch reported since wins."""
-        at = _version(version)
-        fresh: dict[str, tuple[int, KubePod]] = {}
+        at = int(version) if version.isdigit() else -1
+        fresh: dict[str, tuple[int, SeenPod]] = {}
         for item in items:
-            pod = KubePod.model_validate(item)
-            name, seen = pod.metadata.name, _version(pod.metadata.resource_version)
-            if self._gone.get(name, -1) > at:
-                continue  # deleted after the listing
+            name, seen = _identity(item)
+            if name in self._gone and seen <= self._gone[name]:
+                continue  # that instance is known to be deleted: the listing predates it
             cached = self._pods.get(name)
-            fresh[name] = cached if cached is not None and cached[0] > seen else (seen, pod)
+            fresh[name] = cached if cached is not None and cached[0] >= seen else (seen, see_pod(item, self.owner_uid))
         for name, cached in self._pods.items():
             if name not in fresh and cached[0] > at:
                 fresh[name] = cached  # created after the listing
+        # A deletion the listing no longer shows needs no tombstone.
+        listed = {item["metadata"]["name"] for item in items}
+        self._gone = {name: when for name, when in self._gone.items() if name in listed}
         self._pods = fresh
-        self._gone = {name: when for name, when in self._gone.items() if when > at}
         self._listed_at = time.monotonic()
 
     def changed(self, deleted: bool, item: Mapping[str, Any]) -> bool:
         """Take one pod as a watch event (or a create's or delete's response) gave it; False
         when it is older than what is known."""
-        pod = KubePod.model_validate(item)
-        name, seen = pod.metadata.name, _version(pod.metadata.resource_version)
+        name, seen = _identity(item)
         cached = self._pods.get(name)
-        if (cached is not None and cached[0] >= seen) or self._gone.get(name, -1) >= seen:
+        # A delete's response carries the version it deleted: as new as the cached one.
+        if cached is not None and (cached[0] > seen or (cached[0] == seen and not deleted)):
+            return False
+        if name in self._gone and self._gone[name] >= seen:
             return False
         if deleted:
             self._pods.pop(name, None)
             self._gone[name] = seen
         else:
-            self._pods[name] = (seen, pod)
+            self._pods[name] = (seen, see_pod(item, self.owner_uid))
         return True
 
 
-def _version(value: str) -> int:
-    return int(value) if value.isdigit() else -1
+def _identity(item: Mapping[str, Any]) -> tuple[str, int]:
+    """A pod's name and its version as an integer (-1 when it has none)."""
+    meta = item["metadata"]
+    value = str(meta.get("resourceVersion", ""))
+    return meta["name"], int(value) if value.isdigit() else -1

@@ -3,9 +3,11 @@
 Level-based and idempotent: every step plans from the pods as they are (a cache kept current by
 the pod watch, listed afresh now and then: pod_cache.py) and from the planner's memory, so a
 step repeated, interrupted or run by a freshly restarted operator converges to the same pods.
-Execution follows the planner's order: deletes; the memory (the ConfigMap named like the
-MultiWorld: memory.py); the live table (one ConfigMap per world that changed:
-world_tables.py); creates; the CR's status (the view kubectl shows); Events. The memory goes
+Execution follows the planner's order: deletes (pods go at once, so a plan that deleted is
+followed by a plan from its status that replaces them, in the same step); the memory (the
+ConfigMap named like the MultiWorld: memory.py); the live table (one ConfigMap per world that
+changed: world_tables.py); creates; the CR's status (the view kubectl shows, written after the
+creates: on a MultiWorld of thousands of worlds the API server takes a moment over it); Events. The memory goes
 before the table and the creates, so a crash in between leaves the new epoch and pod stamps
 stored, and the next step only publishes and creates what is still missing.
 
@@ -40,6 +42,8 @@ log = logging.getLogger(__name__)
 
 # Kubernetes caps an Event's message at 1 KiB.
 EVENT_MESSAGE_MAX = 1024
+# Plans per step: a plan that deleted pods is followed by one that replaces them.
+REPLANS = 3
 
 
 class MultiWorldGone(Exception):
@@ -59,15 +63,17 @@ class Reconciler:
     def __init__(self, api: KubeApi, body: Mapping[str, Any]) -> None:
         self.api = api
         self.body: dict[str, Any] = dict(body)
-        self.pods = PodCache()
+        self.pods = PodCache(self.uid)
         self._start_afresh()
         # The error the last steps failed with, reported once (None once a step succeeds).
         self.failing_with: str | None = None
 
     def _start_afresh(self) -> None:
         """Forget what was known of an earlier MultiWorld of this name."""
-        # The planner's memory as stored (None: not read yet, or there is none: see _load).
+        # The planner's memory as stored, and as the planner reads it (None: not read yet, or
+        # there is none: see _load).
         self.memory: dict[str, Any] | None = None
+        self.remembered: MultiWorldStatus | None = None
         self.loaded = False
         # The CR's status as last written or watched.
         self.view: dict[str, Any] | None = self.body.get("status")
@@ -103,7 +109,7 @@ class Reconciler:
         renewed = new["uid"] != old["uid"]
         self.body = dict(body)
         if renewed:
-            self.pods = PodCache()
+            self.pods = PodCache(self.uid)
             self._start_afresh()
         return renewed or new.get("generation") != old.get("generation") or self.deleting
 
@@ -135,22 +141,25 @@ class Reconciler:
         await self._load()
         if self.pods.stale():
             self.pods.listed(*await self.api.list_pods(self.namespace, selector(self.name)))
-        seen = observe_pods(self.pods.pods(), self.uid)
-        result = self._plan(multiworld, seen)
         await self._ensure_service(body)
         await self._ensure_network_policy(body, multiworld)
-        for delete in result.deletes:
-            uid = seen.present.get(delete.pod)
-            if uid is not None and delete.pod not in seen.terminating:
-                log.info("%s/%s: deleting pod %s (%s)", self.namespace, self.name, delete.pod, delete.reason)
-                await self._delete_pod(delete.pod, uid)
+        previous, events = self.remembered, []
+        for _ in range(REPLANS):
+            seen = observe_pods(self.pods.pods())
+            result = self._plan(multiworld, previous, seen)
+            events += result.events
+            if not await self._delete_pods(result, seen):
+                break
+            # Pods are deleted at once: plan again from that plan's status, so that their
+            # replacements are created in this step rather than on the next watch event.
+            previous = result.status
         refused = await self._remember(body, result.status)
         if refused:
             await self._report_create_failures([refused])  # nothing goes out before the memory
         failures = await self._publish(body, result.table)
         failures += [f for f in await each(self._create(body, c, seen) for c in result.creates) if f]
         await self._show(result.status)
-        await each(self._event(e.type, e.reason, e.message) for e in result.events)
+        await each(self._event(e.type, e.reason, e.message) for e in events)
         if failures:
             await self._report_create_failures(failures)
         return result.requeue_after
@@ -169,6 +178,7 @@ class Reconciler:
         elif self.view is not None and self.view.get("worlds"):
             log.warning("%s/%s: the operator's memory (ConfigMap %s) is gone: every world starts afresh",
                         self.namespace, self.name, self.name)
+        self.remembered = MultiWorldStatus.from_dict(self.memory)
         for item in await self.api.list_configmaps(self.namespace, f"{selector(self.name)},{WORLD_LABEL}"):
             meta = ObjectMeta.model_validate(item["metadata"])
             if meta.owned_by(self.uid) and WORLD_LABEL in meta.labels:
@@ -176,8 +186,7 @@ class Reconciler:
                 self.versions[meta.name] = meta.resource_version
         self.loaded = True
 
-    def _plan(self, multiworld: MultiWorld, seen: ObservedPods) -> Plan:
-        previous = MultiWorldStatus.from_dict(self.memory)
+    def _plan(self, multiworld: MultiWorld, previous: MultiWorldStatus | None, seen: ObservedPods) -> Plan:
         ports = world_ports(multiworld, previous.table if previous else None)
         return plan(
             multiworld,
@@ -185,6 +194,17 @@ class Reconciler:
             Observation(now=datetime.now(timezone.utc), pods=seen.pods, reports=seen.reports),
             endpoint=lambda world, rank0: (rendezvous_host(self.name, rank0), ports[world]),
         )
+
+    async def _delete_pods(self, result: Plan, seen: ObservedPods) -> bool:
+        """The plan's deletes; whether any pod was deleted."""
+        deleted = False
+        for delete in result.deletes:
+            uid = seen.present.get(delete.pod)
+            if uid is not None and delete.pod not in seen.terminating:
+                log.info("%s/%s: deleting pod %s (%s)", self.namespace, self.name, delete.pod, delete.reason)
+                await self._delete_pod(delete.pod, uid)
+                deleted = True
+        return deleted
 
     async def _delete_pod(self, pod: str, uid: str) -> None:
         deleted = await self.api.delete_pod(self.namespace, pod, uid)
@@ -213,13 +233,11 @@ class Reconciler:
 
     async def _remember(self, body: Mapping[str, Any], status: MultiWorldStatus) -> str | None:
         """Store the planner's memory; why it could not be, if it could not."""
-        memory = status.to_dict()
-        if memory == self.memory:
-            return None
-        if not await self._write_configmap(memory_body(body, memory)):
+        memory = status.to_dict()  # compared as dicts: far cheaper than comparing the models
+        if memory != self.memory and not await self._write_configmap(memory_body(body, memory)):
             return (f"ConfigMap {self.name} (the operator's memory of this MultiWorld) already exists and is "
                     "not this MultiWorld's; it is left alone")
-        self.memory = memory
+        self.memory, self.remembered = memory, status
         return None
 
     async def _publish(self, body: Mapping[str, Any], table: WorldTable) -> list[str]:

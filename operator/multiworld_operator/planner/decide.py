@@ -87,7 +87,13 @@ class _Planning:
         self.observed: dict[str, PodObservation] = {
             p.name: p for p in observation.pods if p.phase != "Missing"
         }
-        self.records = {n: r.model_copy(deep=True) for n, r in previous.pods.items() if n in self.pod_worlds}
+        # Shallow copies: the planner assigns fields of its worlds and records, and never changes
+        # a list or dict it holds in place, so the previous status stays as it was.
+        self.records = {n: r.model_copy() for n, r in previous.pods.items() if n in self.pod_worlds}
+        # Per pod: the record last compared with its observed instance, and whether they match.
+        # A pod shared by every world carries a stamp per world: comparing it once per world
+        # would make a step quadratic in the worlds.
+        self._matches: dict[str, tuple[PodRecord, bool]] = {}
         self.worlds: dict[str, WorldStatus] = {}
         self.deletes: list[DeletePod] = []
         self.creates: list[CreatePod] = []
@@ -124,7 +130,7 @@ class _Planning:
                 if not self.first:
                     self._event("Normal", "WorldAdded", world.name, f"world {world.name} added with {len(pods)} ranks")
                 continue
-            current = old.model_copy(deep=True)
+            current = old.model_copy()
             if old.pods != pods or old.backend != backend:
                 current.epoch += 1
                 current.size, current.pods, current.backend = len(pods), pods, backend
@@ -147,7 +153,7 @@ class _Planning:
             record, seen = self.records.get(pod), self.observed.get(pod)
             if record is None:
                 continue
-            ours = seen is not None and seen.created_for == record.created_for
+            ours = self._current(pod) is not None
             if not ours and not record.observed:
                 continue  # asked for, not created yet (an older instance may linger)
             if ours and seen.phase != "Failed":  # type: ignore[union-attr]
@@ -287,16 +293,26 @@ class _Planning:
             return "no world of this pod is running"
         return "an outdated instance; replaced by a new one"
 
-    def _ready(self, pod: str, world: str, epoch: int) -> bool:
+    def _current(self, pod: str) -> PodObservation | None:
+        """The pod as observed, when it is the instance its record asked for."""
         record, seen = self.records.get(pod), self.observed.get(pod)
-        if record is None or seen is None or seen.created_for != record.created_for or seen.phase != "Running":
+        if record is None or seen is None:
+            return None
+        known = self._matches.get(pod)
+        if known is None or known[0] is not record:
+            known = (record, seen.created_for == record.created_for)
+            self._matches[pod] = known
+        return seen if known[1] else None
+
+    def _ready(self, pod: str, world: str, epoch: int) -> bool:
+        seen = self._current(pod)
+        if seen is None or seen.phase != "Running":
             return False
         return seen.joined is None or seen.joined.get(world) == epoch
 
     def _finished(self, pod: str) -> bool:
-        record, seen = self.records.get(pod), self.observed.get(pod)
-        return (record is not None and seen is not None and seen.created_for == record.created_for
-                and seen.phase == "Succeeded")
+        seen = self._current(pod)
+        return seen is not None and seen.phase == "Succeeded"
 
     def _finish_worlds(self) -> None:
         for name, state in self.worlds.items():
