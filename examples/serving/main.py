@@ -30,6 +30,16 @@ from multiworld import WorldAssignment  # noqa: E402
 from multiworld.contract import ENV_WORLDS  # noqa: E402
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be in 0..2**32-1, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_connection_flags(parser, "rendezvous port base: replica K's world uses PORT+K")
@@ -43,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", type=common.at_least(float, 0), default=100.0,
                         help="requests per second arriving at the router; 0: as fast as the replicas answer "
                              "(default 100)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the model's weights and the request images; the same in every process")
+    parser.add_argument("--seed", type=_seed, default=0,
+                        help="seed of the model's weights and the request images (0 to 2**32-1); "
+                             "the same in every process")
     parser.add_argument("--check-every", type=common.at_least(int, 1), default=10,
                         help="the router checks the answer of every N-th request against the model (default 10)")
     parser.add_argument("--trace", type=Path,

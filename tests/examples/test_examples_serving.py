@@ -162,6 +162,8 @@ def manifest_name(manifest: Path) -> str:
         (["--rank", "0", "--rate", "-5"], "--rate: must be >= 0"),
         (["--rank", "0", "--rate", "fast"], "--rate: invalid float value: 'fast'"),
         (["--rank", "0", "--check-every", "0"], "--check-every: must be >= 1"),
+        (["--rank", "0", "--seed", "-1"], "--seed: must be in 0..2**32-1, got -1"),
+        (["--rank", "0", "--seed", "x"], "--seed: expected an integer, got 'x'"),
         (["--rank", "0", "--port", "65534"], "--port 65534 + --num_workers 2 is not a TCP port"),
         (["--rank", "0", "--trace", "/nonexistent/dir/trace.jsonl"], "--trace: cannot write /nonexistent/dir"),
     ],
