@@ -100,19 +100,24 @@ class Router:
             return None
 
     async def _until_done(self, names: list[str], drives: list[asyncio.Task[None]]) -> None:
-        """Until every request is answered and every replica stopped, or no replica is left."""
+        """Until every request is answered and every replica stopped, or no replica is left. A
+        drive that fails other than by its world breaking (a bug) ends the run with its error."""
         answered = asyncio.create_task(self._wait_until(lambda: self.ledger.complete))
-        all_ended = asyncio.gather(*drives)
-        await asyncio.wait({answered, all_ended}, return_when=asyncio.FIRST_COMPLETED)
-        if not answered.done():
-            answered.cancel()
-            all_ended.result()  # a bug in a drive shows here
-            return
+        waiting: set[asyncio.Task[None]] = {answered, *drives}
+        while not answered.done():
+            done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {answered}:
+                task.result()
+            if waiting == {answered}:  # no replica left
+                answered.cancel()
+                return
         # Each drive now stops its replica; a world being rebuilt gets time to come back first.
         await asyncio.wait(drives, timeout=FINAL_WAIT_S)
         for name, drive in zip(names, drives):
             if not drive.done():
                 common.say(f"{name} was not back within {FINAL_WAIT_S:g} s: its replica was not told to stop")
+            elif drive.exception() is not None:
+                drive.result()
 
     def _summarize(self) -> int:
         ledger = self.ledger
