@@ -41,10 +41,11 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) 
     return cluster_module.wait_for(what, probe, timeout)
 
 
-def star(name: str, worlds: int) -> dict[str, Any]:
-    """A leader shared by `worlds` worlds w<i>, each with one exclusive pod m<i>-0."""
+def star(name: str, worlds: int, policy: dict[str, Any] | None = POLICY) -> dict[str, Any]:
+    """A leader shared by `worlds` worlds w<i>, each with one exclusive pod m<i>-0 and the
+    failure policy `policy` (None: the default one)."""
     members = {"leader": 1, **{f"m{i}": 1 for i in range(worlds)}}
-    return support.manifest(name, members, {f"w{i}": ["leader", f"m{i}"] for i in range(worlds)}, POLICY)
+    return support.manifest(name, members, {f"w{i}": ["leader", f"m{i}"] for i in range(worlds)}, policy)
 
 
 class OperatorProcess:
@@ -150,14 +151,14 @@ def scene(directory: Path, credentials: str, kubelet_start_s: float) -> Iterator
         cluster.stop()
 
 
-def start(scene: Scene, name: str, worlds: int) -> float:
+def start(scene: Scene, name: str, worlds: int, policy: dict[str, Any] | None = POLICY) -> float:
     """Create the star MultiWorld `name`; return once every world is Running and its WorldReady
     Event is out. Returns the seconds from the create call until the last pod exists (seen
     through the stand-in kubelet's watch)."""
     pods = {f"{name}-leader-0", *(f"{name}-m{i}-0" for i in range(worlds))}
     since = scene.kubelet.mark()
     created_at = time.monotonic()
-    scene.kube.create(star(name, worlds))
+    scene.kube.create(star(name, worlds, policy))
     last = scene.kubelet.wait_all_appeared(pods, since, WAIT_S)
     scene.epochs[name] = {f"w{i}": 1 for i in range(worlds)}
 

@@ -20,11 +20,13 @@ world. Per size (worlds):
 - many: MANY MultiWorlds of MANY_WORLDS worlds each. react_s across them (a different
   MultiWorld each failure) beside `single`, the same failures of one such MultiWorld measured
   before the others were created.
-- object_kib at OBJECT_WORLDS worlds: created and run once, for its size only.
+- object_kib at OBJECT_WORLDS worlds: created and run once with the default failure policy,
+  for its size (and its parts: spec, status, managedFields) only.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
@@ -131,12 +133,23 @@ def measure_size(scene: Scene, worlds: int, failures: int) -> dict[str, float]:
     return figures
 
 
-def measure_object(scene: Scene, worlds: int) -> float:
+def measure_object(scene: Scene, worlds: int) -> dict[str, float]:
+    """The object's size, and its parts, with the default failure policy (the figures above
+    give every world a policy of its own, so that repeated failures restart at once)."""
     name = f"o{worlds}"
-    start(scene, name, worlds)
-    size = object_kib(scene, name)
+    start(scene, name, worlds, policy=None)
+    response = client.CustomObjectsApi(scene.api).get_namespaced_custom_object(
+        GROUP, VERSION, scene.kube.namespace, PLURAL, name, _preload_content=False)
+    body = json.loads(response.data)
+    parts = {"total": len(response.data) / 1024,
+             "spec": _kib(body["spec"]), "status": _kib(body["status"]),
+             "managedFields": _kib(body["metadata"].get("managedFields", []))}
     delete(scene, name)
-    return size
+    return parts
+
+
+def _kib(value: Any) -> float:
+    return len(json.dumps(value, separators=(",", ":"))) / 1024
 
 
 def star_name(i: int) -> str:
@@ -182,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"MultiWorlds: a leader in every world w<i>, one exclusive pod m<i>-0 per world; {args.failures} failures per size",
         common.table(["worlds", "create", "object KiB", "react median", "react p99",
                       "unaffected worker KiB/failure", "operator peak RSS MiB"], rows),
-        f"object at {args.object_worlds} worlds (every world Running): {big_object:.1f} KiB",
+        f"object at {args.object_worlds} worlds (every world Running, the default failure policy): "
+        f"{big_object['total']:.1f} KiB: spec {big_object['spec']:.1f}, status {big_object['status']:.1f}, "
+        f"managedFields {big_object['managedFields']:.1f}",
         f"{args.many} MultiWorlds of {MANY_WORLDS} worlds: react median {common.fmt_s(many['react_s'])}; "
         f"one alone, before the others existed: {common.fmt_s(many['single_react_s'])}; "
         f"operator peak RSS {many['operator_rss_mib']:.0f} MiB",
@@ -192,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         *(common.Target(f"react median at {w} worlds", by_size[w]["react_s"], REACT_LIMIT_S, " s") for w in (smallest, largest)),
         common.Target(f"unaffected worker's bytes per failure, {largest} vs {smallest} worlds", watch_growth,
                       WATCH_GROWTH_LIMIT, "x"),
-        common.Target(f"object at {args.object_worlds} worlds", big_object, OBJECT_LIMIT_KIB, " KiB"),
+        common.Target(f"object at {args.object_worlds} worlds", big_object["total"], OBJECT_LIMIT_KIB, " KiB"),
         common.Target(f"create at {largest} worlds", by_size[largest]["create_s"], CREATE_LIMIT_S, " s"),
         common.Target(f"operator peak RSS at {largest} worlds", by_size[largest]["operator_rss_mib"],
                       OPERATOR_RSS_LIMIT_MIB, " MiB"),
@@ -206,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         common.json_line({
             "react_s": per("react_s"),
-            "object_kib": {**per("object_kib"), str(args.object_worlds): big_object},
+            "object_kib": {**per("object_kib"), str(args.object_worlds): big_object["total"]},
             "worker_watch_kib_per_failure": per("worker_watch_kib_per_failure"),
             "create_s": per("create_s"),
             "operator_rss_mib": per("operator_rss_mib"),

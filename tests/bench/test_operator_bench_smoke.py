@@ -1,6 +1,6 @@
-"""bench/operator.py runs end to end (--quick) against its own API server and reports its
-figures in the documented JSON shape. Its speed targets are the bench's business: no timing
-is asserted here."""
+"""bench/operator.py and bench/scale.py run end to end (--quick) against their own API server
+and report their figures in the documented JSON shape. Their speed targets are the benches'
+business: no timing is asserted here."""
 
 from __future__ import annotations
 
@@ -35,3 +35,22 @@ def test_quick_run_reports_react_and_writes_per_failure() -> None:
     assert figures["react_s"]["median"] <= figures["react_s"]["p99"]
     # The readable report comes first, with a verdict per target.
     assert any(line.startswith(("  PASS", "  MISS")) for line in lines[:-1]), result.stdout
+
+
+SCALE = BENCH.parent / "scale.py"
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_scale_quick_run_reports_every_figure() -> None:
+    result = subprocess.run([sys.executable, str(SCALE), "--quick", "--json"], capture_output=True, text=True,
+                            timeout=RUN_S, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(figures) == {"react_s", "object_kib", "worker_watch_kib_per_failure", "create_s", "operator_rss_mib", "many"}
+    assert set(figures["react_s"]) == set(figures["create_s"]) == {"2", "10"}
+    assert set(figures["object_kib"]) == {"2", "10", "20"}
+    assert figures["object_kib"]["2"] < figures["object_kib"]["10"] < figures["object_kib"]["20"]
+    assert all(v > 0 for v in [*figures["react_s"].values(), *figures["create_s"].values(),
+                               *figures["operator_rss_mib"].values(), figures["many"]["react_s"]])
+    # An unaffected worker's channel: nothing, or a few bookmarks, whatever the size.
+    assert all(0 <= v < 4 for v in figures["worker_watch_kib_per_failure"].values()), figures
