@@ -1,46 +1,55 @@
-"""The heartbeat: switched off, and (below) how it scales with ranks and worlds.
+"""Heartbeats: switched off, their requests as worlds grow in ranks and in number, and a frozen
+process seen in every world it shares.
 
-Both members of a world in this one process where that suffices (two managers, gloo over
-loopback); real member processes where a peer must freeze."""
+In-process cases put every member of a world in this one process: a WorldManager each, so a
+failure detector each, as separate processes would have (gloo over loopback). A frozen peer
+needs real member processes."""
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 
 import pytest
 import torch
+from worker_support import TEST_DETECT, assignment, free_ports, static_env
 
 import multiworld as mw
-from worker_support import free_ports
 
 QUIET = mw.DetectConfig(heartbeat=False, join_timeout=30, op_timeout=30)
+BEATING = mw.DetectConfig(heartbeat_interval=0.05, dead_after=5.0, join_timeout=30, op_timeout=30)
 
 
-def join_pair(configs: list[mw.DetectConfig], port: int) -> tuple[list[mw.WorldManager], list[mw.World]]:
-    managers = [mw.WorldManager(pod=f"p{rank}", config=config) for rank, config in enumerate(configs)]
-    worlds: list[mw.World | None] = [None, None]
+def join_everywhere(managers: list[mw.WorldManager], worlds: list[str], ports: list[int]) -> list[dict[str, mw.World]]:
+    """Every manager joins every world, as rank = its index (rank 0 hosts each world's store)."""
+    joined: list[dict[str, mw.World]] = [{} for _ in managers]
 
     def join(rank: int) -> None:
-        a = mw.WorldAssignment(name="w", rank=rank, size=2, host="127.0.0.1", port=port, epoch=1)
-        worlds[rank] = managers[rank].join(a)
+        assignments = [
+            mw.WorldAssignment(name=w, rank=rank, size=len(managers), host="127.0.0.1", port=p)
+            for w, p in zip(worlds, ports)
+        ]
+        joined[rank] = managers[rank].join_all(assignments)
 
-    threads = [threading.Thread(target=join, args=(rank,)) for rank in range(2)]
+    threads = [threading.Thread(target=join, args=(rank,)) for rank in range(len(managers))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert all(w is not None for w in worlds)
-    return managers, worlds  # type: ignore[return-value]
+    assert all(set(j) == set(worlds) for j in joined), joined
+    return joined
 
 
 def heartbeat_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("mw-heartbeat")]
+    return [t.name for t in threading.enumerate() if t.name.startswith(("mw-detector", "mw-beat"))]
 
 
 def test_a_world_joined_without_heartbeat_runs_none_and_still_breaks_on_an_op_error() -> None:
     (port,) = free_ports(1)
-    managers, (w0, w1) = join_pair([QUIET, QUIET], port)
+    managers = [mw.WorldManager(pod=f"p{rank}", config=QUIET) for rank in range(2)]
     try:
+        w0, w1 = (j["w"] for j in join_everywhere(managers, ["w"], [port]))
         assert heartbeat_threads() == []
         t = torch.ones(2)
         w0_done = threading.Thread(target=w0.all_reduce, args=(t,))
@@ -55,3 +64,68 @@ def test_a_world_joined_without_heartbeat_runs_none_and_still_breaks_on_an_op_er
     finally:
         for manager in managers:
             manager.close()
+
+
+def per_tick(ranks: int, worlds: int) -> tuple[float, float]:
+    """Beat-store calls and keys that one tick of every member costs, for `worlds` worlds of
+    `ranks` ranks shared by the same processes (host ticks and link ticks are counted apart,
+    since the threads tick independently)."""
+    ports = free_ports(worlds)
+    managers = [mw.WorldManager(pod=f"p{rank}", config=BEATING) for rank in range(ranks)]
+    try:
+        join_everywhere(managers, [f"w{i}" for i in range(worlds)], ports)
+        time.sleep(0.5)  # past the first ticks, which make the keys
+        before = [m.heartbeat_load() for m in managers]
+        time.sleep(1.0)
+        after = [m.heartbeat_load() for m in managers]
+    finally:
+        for manager in managers:
+            manager.close()
+    host_ticks = after[0].host_ticks - before[0].host_ticks
+    calls = (after[0].beat_stores.calls - before[0].beat_stores.calls) / host_ticks
+    keys = (after[0].beat_stores.keys - before[0].beat_stores.keys) / host_ticks
+    for b, a in zip(before[1:], after[1:]):
+        link_ticks = a.link_ticks - b.link_ticks
+        calls += (a.beat_stores.calls - b.beat_stores.calls) / link_ticks
+        keys += (a.beat_stores.keys - b.beat_stores.keys) / link_ticks
+    # A world's own store is asked far less than once a tick.
+    assert after[0].world_stores.calls < after[0].host_ticks / 10, after[0]
+    return calls, keys
+
+
+def close(a: float, b: float) -> bool:
+    """Equal but for a call or two that a reading of the counters caught within a tick."""
+    return abs(a - b) < 0.3
+
+
+def test_heartbeat_requests_grow_linearly_with_ranks_and_not_with_shared_worlds() -> None:
+    calls, keys = zip(*(per_tick(ranks, 1) for ranks in (2, 3, 4)))
+    # One more rank adds the same number of calls and of keys, whatever the size.
+    for counts in (calls, keys):
+        assert counts[1] - counts[0] > 0.5 and close(counts[2] - counts[1], counts[1] - counts[0]), counts
+    # Two processes sharing three worlds cost what they cost sharing one.
+    shared = per_tick(2, 3)
+    assert close(shared[0], calls[0]) and close(shared[1], keys[0]), (shared, calls[0], keys[0])
+
+
+def test_a_frozen_process_is_seen_in_every_world_it_shares(spawn) -> None:
+    """L and P share three idle worlds: L hosts w1 and w2, P hosts w3. P is SIGSTOPped: L sees
+    all three break, w1 and w2 because P's heartbeat stopped, w3 because its store host froze."""
+    p1, p2, p3 = free_ports(3)
+    args = {"detect": TEST_DETECT, "worlds": {"w1": "idle", "w2": "idle", "w3": "idle"}}
+    leader = spawn("steady", args, static_env("L", [
+        assignment("w1", 0, 2, p1), assignment("w2", 0, 2, p2), assignment("w3", 1, 2, p3),
+    ]))
+    peer = spawn("steady", args, static_env("P", [
+        assignment("w1", 1, 2, p1), assignment("w2", 1, 2, p2), assignment("w3", 0, 2, p3),
+    ]))
+    leader.wait_for("joined")
+    peer.wait_for("joined")
+    peer.signal(signal.SIGSTOP)
+    broken = {name: leader.wait_for("broken", world=name) for name in ("w1", "w2", "w3")}
+    for name in ("w1", "w2"):
+        assert "rank 1 sent no heartbeat" in broken[name]["reason"] and broken[name]["peer_rank"] == 1, broken
+    assert "store host did not answer" in broken["w3"]["reason"] and broken["w3"]["peer_rank"] == 0, broken
+    leader.tell("stop")
+    assert leader.wait_exit() == 0, leader.stderr()
+    peer.kill()

@@ -41,6 +41,22 @@ _nccl_abort_lock = threading.Lock()
 _INTERRUPT_WAIT = timedelta(milliseconds=1)
 _INTERRUPT_TAG = 2**31 - 1
 
+# One gloo device (a listening socket and the loop thread that serves every pair's I/O) for all
+# the gloo worlds of this process: each device's loop wakes every 10 ms even when idle, so a
+# device per world cost 4 % of a core at 200 idle worlds (measured, torch 2.13).
+_gloo_device: Any = None
+_gloo_device_lock = threading.Lock()
+
+
+def _shared_gloo_device() -> Any:
+    global _gloo_device
+    from torch.distributed import ProcessGroupGloo
+
+    with _gloo_device_lock:
+        if _gloo_device is None:
+            _gloo_device = ProcessGroupGloo.create_default_device()
+        return _gloo_device
+
 
 class Driver(Protocol):
     name: str
@@ -95,7 +111,10 @@ class GlooDriver:
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup:
         from torch.distributed import ProcessGroupGloo
 
-        backend = ProcessGroupGloo(store, rank, size, timeout)
+        options = ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [_shared_gloo_device()]
+        backend = ProcessGroupGloo(store, rank, size, options)
         backend._set_sequence_number_for_group()
         pg = ProcessGroup(store, rank, size)
         _register(pg, torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)

@@ -22,6 +22,7 @@ from multiworld.channels.none import NoneChannel
 from multiworld.compat import PymultiworldFace
 from multiworld.contract import JOIN_FAILED, BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
 from multiworld.detect import DetectConfig
+from multiworld.detector import Detector, HeartbeatLoad
 from multiworld.errors import (
     JoinCancelled,
     JoinTimedOut,
@@ -116,6 +117,8 @@ class WorldManager(PymultiworldFace):
         self._watchers: list[Callable[[], None]] = []
         self._last_status: WorkerStatus | None = None
         self._closed = False
+        # One failure detector for all of this process's worlds (see detector.py).
+        self._detector = Detector()
         _open_managers.add(self)
         self._channel.start(self.apply)
 
@@ -238,6 +241,7 @@ class WorldManager(PymultiworldFace):
                 pod=self.pod,
                 config=join.config or self.config,
                 device=join.device if join.device is not None else self._device,
+                detector=self._detector,
                 cancelled=join.cancelled,
                 on_broken=self._world_broken,
             )
@@ -459,6 +463,10 @@ class WorldManager(PymultiworldFace):
             )
         self._changed()
 
+    def heartbeat_load(self) -> HeartbeatLoad:
+        """What this process's failure detection asked of stores so far (ticks, calls, keys)."""
+        return self._detector.load()
+
     def status(self) -> WorkerStatus:
         """What this process holds now: healthy worlds' epochs, and failures seen per world."""
         with self._lock:
@@ -502,6 +510,7 @@ class WorldManager(PymultiworldFace):
                 world._close("closed", release=False)
             release_in_background(worlds)  # together: NCCL communicators abort as one group
         self._changed()
+        self._detector.close()
         self._channel.close()
         _open_managers.discard(self)
 

@@ -1,9 +1,10 @@
 """The members' handshake in a world's store, before the communicator is built.
 
 Keys (under the epoch prefix `<world>/<epoch>/`): `claim/<rank>` (one process per rank),
-`member/<rank>` (what each member was told: size, backend, pod), `hb/<rank>` (heartbeat
-counters), `abort` (a verdict: empty while healthy). Outside the prefix, `<world>/epoch`
-holds the newest epoch any member has asked for, so an older one is refused at once.
+`member/<rank>` (what each member was told: size, backend, pod, and its failure detector's
+token and port: see detector.py), `abort` (a verdict: empty while healthy). Outside the
+prefix, `<world>/epoch` holds the newest epoch any member has asked for, so an older one is
+refused at once.
 
 Where no controller numbers the epochs (pymultiworld's `initialize_world`), `next_epoch` reads
 from these keys which epoch a process joins.
@@ -14,12 +15,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from torch.distributed import Store
 
 from multiworld.contract import WorldAssignment, store_prefix
-from multiworld.detect import Verdict, abort_key, epoch_key, heartbeat_key, short
+from multiworld.detect import Verdict, abort_key, epoch_key, short
 from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, WorldJoinError
 
 # How often a waiting member looks for the others: the bound on how late it notices them.
@@ -66,23 +67,29 @@ class Rendezvous:
         pod: str,
         deadline: float,
         cancelled: threading.Event,
+        beat: Mapping[str, object] | None = None,
     ) -> None:
+        """`beat`: what this member's failure detector announces to the others."""
         self._store = store
         self._a = assignment
         self._pod = pod
+        self._beat = dict(beat or {})
         self._deadline = deadline
         self._cancelled = cancelled
         self._prefix = assignment.store_prefix
         self._what = f"world {assignment.name!r} epoch {assignment.epoch}"
         self._claim_key = claim_key(self._prefix, assignment.rank)
 
-    def run(self) -> None:
-        """Return when every member of this epoch is present and agrees; raise otherwise."""
+    def run(self) -> list[dict[str, object]]:
+        """Return what each member announced, by rank, when every member of this epoch is
+        present and agrees; raise otherwise."""
         self._guarded(self._fence_epoch)
         self._guarded(self._claim_rank)
+        members: list[dict[str, object]] = []
         try:
             self._guarded(self._announce)
-            self._guarded(lambda: self._check_members(self._wait_for_members()))
+            self._guarded(lambda: members.extend(self._wait_for_members()))
+            self._guarded(lambda: self._check_members(members))
         except WorldJoinError:
             # Free the rank again, so that this epoch can be joined later (best effort).
             try:
@@ -90,6 +97,7 @@ class Rendezvous:
             except Exception:
                 pass
             raise
+        return members
 
     def _guarded(self, step: Callable[[], None]) -> None:
         try:
@@ -114,11 +122,9 @@ class Rendezvous:
             raise WorldJoinError(f"{self._what}: rank {self._a.rank} is already taken by another process")
 
     def _announce(self) -> None:
-        # The abort key and heartbeat counter exist before anyone can see this member, so the
-        # heartbeats' multi_get never waits on a missing key.
+        # The abort key exists before anyone can see this member, so that no read of it waits.
         self._store.compare_set(abort_key(self._prefix), "", "")
-        self._store.add(heartbeat_key(self._prefix, self._a.rank), 0)
-        info = {"size": self._a.size, "backend": self._a.backend, "pod": self._pod}
+        info = {"size": self._a.size, "backend": self._a.backend, "pod": self._pod, **self._beat}
         self._store.set(self._member_key(self._a.rank), json.dumps(info))
 
     def _member_key(self, rank: int) -> str:

@@ -15,7 +15,8 @@ from torch._C._distributed_c10d import Backend, PrefixStore, ProcessGroup
 from multiworld import shutdown, stores
 from multiworld.backends import Driver, make_driver
 from multiworld.contract import WorldAssignment
-from multiworld.detect import DetectConfig, Heartbeat, Verdict, short
+from multiworld.detect import DetectConfig, Verdict, short
+from multiworld.detector import Detector, Watch
 from multiworld.errors import WorldBrokenError
 from multiworld.ops import Collectives, bind, refusing
 from multiworld.rendezvous import Rendezvous
@@ -37,7 +38,7 @@ class World(Collectives):
         *,
         pg: ProcessGroup,
         driver: Driver,
-        heartbeat_store: Any,
+        store: Any,
         config: DetectConfig,
         on_broken: BrokenCallback,
     ) -> None:
@@ -63,14 +64,13 @@ class World(Collectives):
         self._on_broken = on_broken
         self._released = threading.Event()
         self._published = False
-        self._heartbeat = Heartbeat(
+        self._heartbeat = Watch(
             world=self.name,
             epoch=self.epoch,
             rank=self.rank,
-            size=self.size,
             prefix=assignment.store_prefix,
-            store=heartbeat_store,
             config=config,
+            world_store=store,
             on_failure=self._heartbeat_failed,
         )
 
@@ -95,9 +95,6 @@ class World(Collectives):
     def wait_released(self, timeout: float | None = None) -> bool:
         """Wait until the communicator is aborted and dropped."""
         return self._released.wait(timeout)
-
-    def _start_heartbeat(self) -> None:
-        self._heartbeat.start()
 
     def _op_failed(self, op: str, exc: BaseException) -> WorldBrokenError:
         """An op failed: the communicator is unusable, so the whole world is broken."""
@@ -191,11 +188,13 @@ def connect(
     *,
     pod: str,
     config: DetectConfig,
+    detector: Detector,
     device: str | torch.device | None,
     cancelled: threading.Event,
     on_broken: BrokenCallback,
 ) -> World:
-    """Rendezvous with the other members of this epoch and build the world (blocking)."""
+    """Rendezvous with the other members of this epoch and build the world (blocking); its
+    failures are watched by `detector` unless `config.heartbeat` is off."""
     a = assignment
     driver = make_driver(a.backend, device)
     deadline = time.monotonic() + config.join_timeout
@@ -206,13 +205,23 @@ def connect(
         )
 
     store = client()
-    Rendezvous(store, a, pod=pod, deadline=deadline, cancelled=cancelled).run()
-    heartbeat_store = client() if config.heartbeat else None
-    pg = driver.build(
-        PrefixStore(f"{a.store_prefix}pg/", store), a.rank, a.size, timedelta(seconds=config.op_timeout), f"{a.name}:{a.epoch}"
-    )
-    world = World(a, pg=pg, driver=driver, heartbeat_store=heartbeat_store, config=config, on_broken=on_broken)
-    world._start_heartbeat()
+    beat = detector.announce(hosting=a.rank == 0) if config.heartbeat else None
+    members = Rendezvous(store, a, pod=pod, deadline=deadline, cancelled=cancelled, beat=beat).run()
+    linked = config.heartbeat and a.rank != 0
+    if linked:
+        detector.connect_link(a.host, members[0], timeout=max(deadline - time.monotonic(), 1.0))
+    try:
+        pg = driver.build(
+            PrefixStore(f"{a.store_prefix}pg/", store), a.rank, a.size, timedelta(seconds=config.op_timeout),
+            f"{a.name}:{a.epoch}",
+        )
+    except BaseException:
+        if linked:
+            detector.unpin(a.host, members[0])
+        raise
+    world = World(a, pg=pg, driver=driver, store=store, config=config, on_broken=on_broken)
+    if config.heartbeat:
+        detector.watch(world._heartbeat, members, a.host)
     log.info("joined world %s epoch %d as rank %d of %d (%s)", a.name, a.epoch, a.rank, a.size, a.backend)
     return world
 
