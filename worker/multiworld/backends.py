@@ -114,6 +114,9 @@ class GlooDriver:
         options = ProcessGroupGloo._Options()
         options._timeout = timeout
         options._devices = [_shared_gloo_device()]
+        # One worker thread, not torch's two: a world's collectives run in the order they were
+        # called on every rank anyway, and p2p ops never use the workers.
+        options._threads = 1
         backend = ProcessGroupGloo(store, rank, size, options)
         backend._set_sequence_number_for_group()
         pg = ProcessGroup(store, rank, size)

@@ -561,7 +561,9 @@ class Detector(_Owner):
         """The host's duties, all on this process's own servers: settle verdicts, judge the
         member processes, read what changed."""
         beats = self._beats
-        if beats is None:
+        if beats is None:  # the manager closed, and a join finished after it: nothing to tell
+            for watch in fresh + self._take_ending():
+                watch.finish()
             return
         for watch in fresh:
             beats.compare_set(watch.verdict_key, "", "")
