@@ -196,7 +196,11 @@ class Watch:
         """Has the world's store moved on to a newer epoch?"""
         if self._failed or self.world_store is None:
             return
-        current = int(self.world_store.get(epoch_key(self.world)) or 0)
+        try:
+            current = int(self.world_store.get(epoch_key(self.world)) or 0)
+        except Exception as exc:  # this world's store only: its host may serve the others still
+            self.fail(f"the world's store is unreachable: {short(exc)}", 0)
+            return
         if current > self.epoch:
             self.fail(f"superseded by epoch {current}", None, report=False)
 
@@ -335,14 +339,16 @@ class _Link(_Owner):
         host = _Counter(time.monotonic())
         news: bytes | None = None
         while not self.abandoned:
+            # New watches join the others first, so that a stall in making their keys counts.
             new = self._detector._take_new(self)
+            watches = self._detector._keep_link(self, new)
+            if watches is None:
+                return
             for watch in new:
                 self._call(beats.compare_set, watch.verdict_key, "", "")
             for watch in self._take_ending():
                 self._call(watch.settle, beats)
-            watches = self._detector._keep_link(self, new)
-            if watches is None:
-                return
+            watches = [w for w in watches if w._owner is self]
             self._sleep(_interval(watches))
             if not watches:
                 continue  # a join is about to watch its world here
