@@ -1,6 +1,6 @@
-"""The worker benches (collectives, failover, recovery, serving) run end to end with their
-smallest settings (--quick) and report their figures in the documented JSON shape. Their speed
-targets are the benches' business: no timing is asserted here, only that every figure is a
+"""The worker benches (collectives, failover, recovery, serving, heartbeats) run end to end with
+their smallest settings (--quick) and report their figures in the documented JSON shape. Their
+speed targets are the benches' business: no timing is asserted here, only that every figure is a
 finite positive number (a count of errors, or a time spent below a floor, may be zero)."""
 
 from __future__ import annotations
@@ -97,3 +97,28 @@ def test_serving_reports_throughput_losses_and_latency_through_failures() -> Non
     assert all(positive(v) for v in figures["p99_ms"].values()), figures
     dip = figures["dip_s"]
     assert isinstance(dip, (int, float)) and math.isfinite(dip) and dip >= 0, figures
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_heartbeats_reports_requests_per_interval_and_the_cost_of_shared_worlds() -> None:
+    figures = run_bench("heartbeats.py")
+    assert set(figures) == {"heartbeats"}
+    heartbeats = figures["heartbeats"]
+    assert set(heartbeats) == {"requests_per_interval", "shared_worlds", "per_world"}
+    for ranks, stores in heartbeats["requests_per_interval"].items():
+        assert ranks.isdigit() and set(stores) == {"beat_store", "world_store"}, stores
+        assert all(positive(v) for v in stores["beat_store"].values()), stores
+        # A world's own store is asked now and then: maybe not within the short window.
+        assert all(v >= 0 for v in stores["world_store"].values()), stores
+    for worlds, shared in heartbeats["shared_worlds"].items():
+        assert worlds.isdigit() and set(shared) == {"idle_cpu_pct", "threads", "rss_mib", "detect_s"}, shared
+        assert set(shared["detect_s"]) == {"peer_frozen", "host_frozen"}
+        assert all(positive(v) for v in shared["detect_s"].values()), shared
+        for what in ("threads", "rss_mib"):
+            assert set(shared[what]) == {"host", "member"} and all(positive(v) for v in shared[what].values()), shared
+        # An idle process may use less than one clock tick of CPU in the short window.
+        assert all(v >= 0 for v in shared["idle_cpu_pct"].values()), shared
+    per_world = heartbeats["per_world"]
+    assert all(positive(v) for v in per_world["threads"].values()), per_world
+    # Memory per world is a difference of RSS readings: noise at the few worlds of --quick.
+    assert all(math.isfinite(v) for v in per_world["rss_mib"].values()), per_world
