@@ -129,3 +129,22 @@ def test_a_frozen_process_is_seen_in_every_world_it_shares(spawn) -> None:
     leader.tell("stop")
     assert leader.wait_exit() == 0, leader.stderr()
     peer.kill()
+
+
+def test_a_members_verdict_reaches_the_host_and_the_other_members() -> None:
+    """Rank 2 of three leaves: its verdict goes through rank 0's beat store to ranks 0 and 1,
+    who learn that it left (no failure), not just that its connections closed."""
+    (port,) = free_ports(1)
+    managers = [mw.WorldManager(pod=f"p{rank}", config=BEATING) for rank in range(3)]
+    try:
+        worlds = [j["w"] for j in join_everywhere(managers, ["w"], [port])]
+        managers[2].leave("w")
+        deadline = time.monotonic() + 60
+        while not (worlds[0].broken and worlds[1].broken) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for world in worlds[:2]:
+            assert world.error is not None and world.error.reason == "rank 2 left the world (verdict of rank 2)", world
+        assert all(m.status().errors == {} for m in managers)
+    finally:
+        for manager in managers:
+            manager.close()

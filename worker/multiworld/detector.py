@@ -268,8 +268,11 @@ class _Owner:
             call(watches[self._epoch_turn].check_epoch)
 
 
+_DEFAULT_INTERVAL: float = DetectConfig.model_fields["heartbeat_interval"].default
+
+
 def _interval(watches: Sequence[Watch]) -> float:
-    return min((w.interval for w in watches), default=DetectConfig().heartbeat_interval)
+    return min((w.interval for w in watches), default=_DEFAULT_INTERVAL)
 
 
 def _now_call(fn: Callable[[], None]) -> None:
@@ -344,8 +347,8 @@ class _Link(_Owner):
             watches = self._detector._keep_link(self, new)
             if watches is None:
                 return
-            for watch in new:
-                self._call(beats.compare_set, watch.verdict_key, "", "")
+            for watch in new:  # a verdict written before the watch began is read here
+                watch.apply_verdict(self._call(beats.compare_set, watch.verdict_key, "", ""))
             for watch in self._take_ending():
                 self._call(watch.settle, beats)
             watches = [w for w in watches if w._owner is self]
@@ -571,8 +574,8 @@ class Detector(_Owner):
             for watch in fresh + self._take_ending():
                 watch.finish()
             return
-        for watch in fresh:
-            beats.compare_set(watch.verdict_key, "", "")
+        for watch in fresh:  # a verdict written before the watch began is read here
+            watch.apply_verdict(beats.compare_set(watch.verdict_key, "", ""))
             for token in watch.ranks:
                 beats.add(beat_key(token), 0)
                 if token not in self._members:
