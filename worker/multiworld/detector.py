@@ -590,6 +590,7 @@ class Detector(_Owner):
             for watch in self._hosted:
                 for token in watch.ranks:
                     self._members.setdefault(token, []).append(watch)
+            self._counters = {t: c for t, c in self._counters.items() if t in self._members}
         if not self._hosted:
             return
         tokens = list(self._members)
