@@ -77,11 +77,15 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     return args
 
 
-def object_kib(scene: Scene, name: str) -> float:
-    """The MultiWorld's size as the API server serves it (what etcd's limit applies to)."""
+def served_object(scene: Scene, name: str) -> bytes:
+    """The MultiWorld as the API server serves it (what etcd's limit applies to)."""
     response = client.CustomObjectsApi(scene.api).get_namespaced_custom_object(
         GROUP, VERSION, scene.kube.namespace, PLURAL, name, _preload_content=False)
-    return len(response.data) / 1024
+    return bytes(response.data)
+
+
+def object_kib(scene: Scene, name: str) -> float:
+    return len(served_object(scene, name)) / 1024
 
 
 def delete(scene: Scene, name: str) -> None:
@@ -138,10 +142,9 @@ def measure_object(scene: Scene, worlds: int) -> dict[str, float]:
     give every world a policy of its own, so that repeated failures restart at once)."""
     name = f"o{worlds}"
     start(scene, name, worlds, policy=None)
-    response = client.CustomObjectsApi(scene.api).get_namespaced_custom_object(
-        GROUP, VERSION, scene.kube.namespace, PLURAL, name, _preload_content=False)
-    body = json.loads(response.data)
-    parts = {"total": len(response.data) / 1024,
+    raw = served_object(scene, name)
+    body = json.loads(raw)
+    parts = {"total": len(raw) / 1024,
              "spec": _kib(body["spec"]), "status": _kib(body["status"]),
              "managedFields": _kib(body["metadata"].get("managedFields", []))}
     delete(scene, name)

@@ -18,6 +18,7 @@ from multiworld.contract import event_name
 
 from ..spec import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
 from .bodies import COMPONENT
+from .observe import ObjectMeta
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,8 +89,7 @@ class KubeApi:
                 if created is not None:
                     return str(created["metadata"]["resourceVersion"])
                 continue  # created meanwhile: read it
-            owner = body["metadata"]["ownerReferences"][0]["uid"]
-            if [ref.get("uid") for ref in found["metadata"].get("ownerReferences") or [] if ref.get("controller")] != [owner]:
+            if not ObjectMeta.model_validate(found["metadata"]).owned_by(body["metadata"]["ownerReferences"][0]["uid"]):
                 return None
             version = str(found["metadata"]["resourceVersion"])
 

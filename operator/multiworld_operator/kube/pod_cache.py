@@ -39,7 +39,7 @@ class PodCache:
 
     def listed(self, items: list[Mapping[str, Any]], version: str) -> None:
         """Take a listing made at resourceVersion `version`; what the watch reported since wins."""
-        at = int(version) if version.isdigit() else -1
+        at = _version(version)
         fresh: dict[str, tuple[int, SeenPod]] = {}
         for item in items:
             name, seen = _identity(item)
@@ -75,7 +75,11 @@ class PodCache:
 
 
 def _identity(item: Mapping[str, Any]) -> tuple[str, int]:
-    """A pod's name and its version as an integer (-1 when it has none)."""
+    """A pod's name and its version."""
     meta = item["metadata"]
-    value = str(meta.get("resourceVersion", ""))
-    return meta["name"], int(value) if value.isdigit() else -1
+    return meta["name"], _version(str(meta.get("resourceVersion", "")))
+
+
+def _version(value: str) -> int:
+    """A resourceVersion as an integer (-1 when there is none)."""
+    return int(value) if value.isdigit() else -1

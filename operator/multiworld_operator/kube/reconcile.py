@@ -7,9 +7,9 @@ Execution follows the planner's order: deletes (pods go at once, so a plan that 
 followed by a plan from its status that replaces them, in the same step); the memory (the
 ConfigMap named like the MultiWorld: memory.py); the live table (one ConfigMap per world that
 changed: world_tables.py); creates; the CR's status (the view kubectl shows, written after the
-creates: on a MultiWorld of thousands of worlds the API server takes a moment over it); Events. The memory goes
-before the table and the creates, so a crash in between leaves the new epoch and pod stamps
-stored, and the next step only publishes and creates what is still missing.
+creates: on a MultiWorld of thousands of worlds the API server takes a moment over it); Events.
+The memory goes before the table and the creates, so a crash in between leaves the new epoch
+and pod stamps stored, and the next step only publishes and creates what is still missing.
 
 API writes for one world failure: that world's pods (deletes and creates), its ConfigMap, the
 memory, one status patch and its Events; nothing scales with the number of other worlds.
@@ -202,14 +202,16 @@ class Reconciler:
             uid = seen.present.get(delete.pod)
             if uid is not None and delete.pod not in seen.terminating:
                 log.info("%s/%s: deleting pod %s (%s)", self.namespace, self.name, delete.pod, delete.reason)
-                await self._delete_pod(delete.pod, uid)
-                deleted = True
+                deleted = await self._delete_pod(delete.pod, uid) or deleted
         return deleted
 
-    async def _delete_pod(self, pod: str, uid: str) -> None:
+    async def _delete_pod(self, pod: str, uid: str) -> bool:
+        """Delete that instance; whether it was there to delete (its replacement may follow)."""
         deleted = await self.api.delete_pod(self.namespace, pod, uid)
-        if deleted is not None:
-            self.pods.changed(True, deleted)
+        if deleted is None:
+            return False
+        self.pods.changed(True, deleted)
+        return True
 
     async def _create(self, body: Mapping[str, Any], create: CreatePod, seen: ObservedPods) -> str | None:
         """Create one pod; why it could not be, if it could not."""

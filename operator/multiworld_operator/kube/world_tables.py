@@ -55,9 +55,6 @@ class TableWrites:
     write: list[WorldEntry] = field(default_factory=list)
     remove: list[str] = field(default_factory=list)
 
-    def __bool__(self) -> bool:
-        return bool(self.write or self.remove)
-
 
 def table_writes(published: Mapping[str, WorldEntry | None], table: WorldTable) -> TableWrites:
     wanted = {entry.name: entry for entry in table.worlds}
