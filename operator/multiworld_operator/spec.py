@@ -27,6 +27,8 @@ Models are frozen; build them only through `parse_manifest`/`load_manifest` (or
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterator, Mapping
 from functools import cached_property
@@ -77,6 +79,10 @@ MAX_RESTARTS = 10_000
 MAX_REPLICAS = 4096
 MAX_MEMBERS = 4096
 MAX_WORLDS = 4096
+MAX_SPARES = 64
+# A warm spare is named `<mw>-<member>-spare-<serial in letters>`; its name must fit a label with
+# room for this many letters of serial (26**4 spares over a MultiWorld's life).
+SPARE_SERIAL_ROOM = 4
 _DURATION_SCHEMA: JsonDict = {"pattern": _DURATION.pattern, "maxLength": MAX_DURATION_LENGTH}
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # The cross-field validator raises this error type; parse_manifest reports those problems from
@@ -159,6 +165,11 @@ class Member(_SpecModel):
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS, description="Pods of this member, ordinals 0..replicas-1.")
     template: dict[str, Any] | None = Field(
         default=None, description="A PodTemplateSpec replacing spec.template for this member."
+    )
+    spares: int = Field(
+        default=0, ge=0, le=MAX_SPARES,
+        description="Warm spare pods of this member's template kept running, each waiting in init_from_env() "
+                    "for an identity: a failed pod of this member is replaced by a spare instead of a new pod.",
     )
 
 
@@ -270,6 +281,16 @@ class MultiWorld(_SpecModel):
         own = self.member(member).template
         return own if own is not None else self.spec.template
 
+    def template_digest(self, member: str) -> str:
+        """A digest of the member's template: a warm spare serves only the template it was made from."""
+        return self._template_digests[member]
+
+    @cached_property
+    def _template_digests(self) -> dict[str, str]:
+        texts = {m.name: json.dumps(self.template_of(m.name), sort_keys=True, separators=(",", ":"))
+                 for m in self.spec.members}
+        return {name: hashlib.sha256(text.encode()).hexdigest()[:16] for name, text in texts.items()}
+
     # -- worlds -----------------------------------------------------------------------------
 
     def world(self, name: str) -> World:
@@ -317,6 +338,17 @@ class MultiWorld(_SpecModel):
 
 def pod_name(multiworld: str, member: str, ordinal: int) -> str:
     return f"{multiworld}-{member}-{ordinal}"
+
+
+def spare_name(multiworld: str, member: str, serial: int) -> str:
+    """`<mw>-<member>-spare-<serial in letters>`: a name ending in a letter is never a member
+    pod's, whose ordinal is digits."""
+    letters = ""
+    serial += 1
+    while serial > 0:
+        serial, digit = divmod(serial - 1, 26)
+        letters = chr(ord("a") + digit) + letters
+    return f"{multiworld}-{member}-spare-{letters}"
 
 
 def requests_gpu(template: Mapping[str, Any]) -> bool:
@@ -430,6 +462,13 @@ def _member_problems(spec: object, mw_name: str | None, problems: list[str]) -> 
             problems.append(
                 f"{path}: pod name {longest!r} is {len(longest)} characters; "
                 f"<name>-<member>-<ordinal> must fit in {MAX_LABEL}"
+            )
+        spares = member.get("spares", 0)
+        spare = f"{mw_name}-{name}-spare-" + "a" * SPARE_SERIAL_ROOM if mw_name else ""
+        if not label and isinstance(spares, int) and spares > 0 and len(spare) > MAX_LABEL:
+            problems.append(
+                f"spec.members[{index}].spares: spare pod names {spare!r} would be {len(spare)} characters; "
+                f"<name>-<member>-spare-<serial> must fit in {MAX_LABEL} (a shorter member or MultiWorld name)"
             )
     return declared
 

@@ -67,7 +67,7 @@ class Sim:
             self.pods.pop(delete.pod, None)
         for create in result.creates:
             if create.pod not in self.pods:
-                self.pods[create.pod] = PodObservation(name=create.pod, member=create.member, ordinal=create.ordinal,
+                self.pods[create.pod] = PodObservation(name=create.pod, member=create.member, ordinal=create.ordinal or 0,
                                                        phase="Pending", created_for=create.created_for)
         self.status = result.status
 
@@ -82,12 +82,14 @@ class Sim:
         self.pods[pod] = self.pods[pod].model_copy(update={"phase": phase})
 
     def start_all(self) -> None:
-        """Every Pending pod runs and joins the epochs of the current table."""
+        """Every Pending pod runs and joins the epochs of the current table; a warm spare that
+        plays nothing waits for an identity."""
         assert self.status is not None
         for name, pod in list(self.pods.items()):
             if pod.phase in ("Pending", "Running"):
                 joined = {a.name: a.epoch for a in self.status.table.assignments_for(name).values()}
-                self.pods[name] = pod.model_copy(update={"phase": "Running", "joined": joined})
+                warm = name in self.status.spare_pool
+                self.pods[name] = pod.model_copy(update={"phase": "Running", "joined": joined, "warm": warm})
 
     def fail(self, pod: str) -> None:
         self.set_phase(pod, "Failed")

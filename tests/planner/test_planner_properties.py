@@ -1,7 +1,9 @@
 """Invariants of the planner over random topologies and random fault sequences (hypothesis):
 no healthy world changes epoch, a pod of a healthy world is never restarted, epochs only grow,
 the table matches the status, restarts stay within policy, and re-planning the same observation
-changes nothing."""
+changes nothing. Warm spares: a spare plays one member pod of its own member in its life, only a
+ready spare is given an identity, a new pod is created only when no ready spare was there, and
+the pool refills."""
 
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ WHOLE_RANGE_POLICIES = st.fixed_dictionaries({
 
 @st.composite
 def topologies(draw: st.DrawFn, policies: st.SearchStrategy[dict[str, Any]] = SMALL_POLICIES) -> MultiWorld:
-    members = [{"name": f"m{i}", "replicas": draw(st.integers(1, 2))} for i in range(draw(st.integers(2, 4)))]
+    members = [{"name": f"m{i}", "replicas": draw(st.integers(1, 2)), "spares": draw(st.integers(0, 2))}
+               for i in range(draw(st.integers(2, 4)))]
     names = [m["name"] for m in members]
     worlds: list[dict[str, Any]] = []
     for i in range(draw(st.integers(1, 3))):
@@ -101,15 +104,17 @@ def inject(sim: Sim, fault: tuple[Any, ...]) -> tuple[set[str], set[tuple[str, i
 def healthy_worlds(before: MultiWorldStatus, hit: set[str], reported: set[tuple[str, int]]) -> list[str]:
     return [
         name for name, world in before.worlds.items()
-        if world.up and not hit & set(world.pods) and (name, world.epoch) not in reported
+        if world.up and not hit & {before.played_by_pod(p) for p in world.pods} and (name, world.epoch) not in reported
     ]
 
 
 def ours(sim: Sim, before: MultiWorldStatus, pod: str) -> bool:
+    """Whether member pod `pod`'s instance (a pod of its name, or the spare playing it) is the
+    one the planner asked for."""
     record = before.pods.get(pod)
-    seen = sim.pods.get(pod)
+    seen = sim.pods.get(before.played_by_pod(pod))
     return (record is not None and seen is not None and seen.phase != "Missing"
-            and seen.created_for == record.created_for)
+            and (record.spare is not None or seen.created_for == record.created_for))
 
 
 def check_step(sim: Sim, before: MultiWorldStatus, result: Plan, hit: set[str], reported: set[tuple[str, int]]) -> None:
@@ -123,20 +128,57 @@ def check_step(sim: Sim, before: MultiWorldStatus, result: Plan, hit: set[str], 
         assert after.worlds[name].epoch == before.worlds[name].epoch, (name, result.events)
         assert after.worlds[name].up or after.worlds[name].phase == "Succeeded", name
         for pod in before.worlds[name].pods:
-            assert not (pod in deleted and ours(sim, before, pod)), f"{pod} of healthy {name} restarted"
+            instance = before.played_by_pod(pod)
+            assert not (instance in deleted and ours(sim, before, pod)), f"{pod} of healthy {name} restarted"
+    check_spares(sim, before, result)
     check_consistency(sim.mw, sim, result)
+
+
+def ready_spares(sim: Sim, before: MultiWorldStatus, member: str) -> set[str]:
+    """The spares of `member` the planner could give an identity in this step."""
+    return {name for name, spare in before.spare_pool.items()
+            if spare.member == member and spare.template == sim.mw.template_digest(member)
+            and name in sim.pods and sim.pods[name].phase == "Running" and sim.pods[name].warm}
+
+
+def check_spares(sim: Sim, before: MultiWorldStatus, result: Plan) -> None:
+    assigned = {a.pod: a.plays for a in result.assigns}
+    for spare, pod in assigned.items():
+        member, _ = sim.mw.member_of_pod(pod)
+        assert spare in ready_spares(sim, before, member), f"{spare} given {pod} while not a ready spare of {member}"
+        assert result.status.pods[pod].spare == spare
+    for create in result.creates:
+        asked = before.pods.get(create.pod)
+        repeated = asked is not None and not asked.observed and asked.created_for == create.created_for
+        if not create.spare and not repeated:
+            # A new pod of a member's name only when no ready spare of its member was there.
+            assert not ready_spares(sim, before, create.member) - set(assigned), create.pod
+    players = [r.spare for r in result.status.pods.values() if r.spare]
+    assert len(players) == len(set(players)), "a spare plays two member pods"
+    assert not set(players) & set(result.status.spare_pool), "a spare both plays and waits"
+    for pod, record in result.status.pods.items():
+        if record.spare:
+            member, _ = sim.mw.member_of_pod(pod)
+            assert record.spare.startswith(f"{sim.mw.name}-{member}-spare-"), (pod, record.spare)
 
 
 def check_consistency(mw: MultiWorld, sim: Sim, result: Plan) -> None:
     status = result.status
     up = {n: w for n, w in status.worlds.items() if w.up}
-    assert [(w.name, w.epoch, w.pods) for w in result.table.worlds] == [(n, w.epoch, w.pods) for n, w in up.items()]
+    assert [(w.name, w.epoch, [w.plays.get(p, p) for p in w.pods]) for w in result.table.worlds] == [
+        (n, w.epoch, w.pods) for n, w in up.items()]
+    for entry in result.table.worlds:
+        assert entry.pods == [status.played_by_pod(p) for p in status.worlds[entry.name].pods]
     assert status.restarts == sum(w.restarts for w in status.worlds.values())
     running = sum(w.phase == "Running" for w in status.worlds.values())
     assert status.worlds_ready == f"{running}/{len(status.worlds)}"
     present = {name for name, pod in sim.pods.items() if pod.phase != "Missing"}
     for create in result.creates:
         assert create.pod not in present, f"{create.pod} created while it exists"
+        if create.spare:
+            assert create.pod in status.spare_pool and not create.worlds and not create.created_for
+            assert create.template == mw.template_of(create.member)
+            continue
         assert set(create.created_for) == set(mw.worlds_of_pod(create.pod))
         assert {a.name: a.epoch for a in create.worlds} == {
             n: w.epoch for n, w in up.items() if create.pod in w.pods}
@@ -160,6 +202,7 @@ def check_idempotent(sim: Sim, observation: Observation, result: Plan) -> None:
 def test_invariants_hold_under_random_faults(mw: MultiWorld, faults: list[tuple[tuple[Any, ...], bool]]) -> None:
     sim = Sim(mw)
     sim.step()
+    played: dict[str, str] = {}  # spare -> the one member pod it ever played
     for fault, executed in faults:
         hit, reported = inject(sim, fault)
         assert sim.status is not None
@@ -168,6 +211,9 @@ def test_invariants_hold_under_random_faults(mw: MultiWorld, faults: list[tuple[
         result = sim.plan()
         check_step(sim, before, result, hit, reported)
         check_idempotent(sim, observation, result)
+        for pod, record in result.status.pods.items():
+            if record.spare:
+                assert played.setdefault(record.spare, pod) == pod, f"{record.spare} played two member pods"
         if executed:
             sim.execute(result)
         else:
@@ -206,7 +252,13 @@ def test_every_surviving_world_comes_back(mw: MultiWorld, faults: list[tuple[Any
         if world.phase == "Running":
             assert world.ready_ranks == world.size
             for pod in world.pods:
-                assert sim.pods[pod].joined is not None and sim.pods[pod].joined.get(name) == world.epoch  # type: ignore[union-attr]
+                instance = sim.pods[sim.status.played_by_pod(pod)]
+                assert instance.joined is not None and instance.joined.get(name) == world.epoch
+    # The pools refilled: every member that keeps spares has them all, warm, once its pods run.
+    if all(w.phase == "Running" for w in sim.status.worlds.values()):
+        for member in mw.spec.members:
+            if member.spares:
+                assert sim.status.spares[member.name] == f"{member.spares}/{member.spares}", sim.status.spares
 
 
 @st.composite
@@ -244,8 +296,14 @@ def test_spec_edits_touch_only_what_changed(pair: tuple[MultiWorld, MultiWorld])
     result = sim.plan()
     kept_pods = set(before.all_pods()) & set(after.all_pods())
     assert not {d.pod for d in result.deletes} & kept_pods
-    assert {d.pod for d in result.deletes} == set(before.all_pods()) - set(after.all_pods())
-    assert {c.pod for c in result.creates} == set(after.all_pods()) - set(before.all_pods())
+    spares = set(old.spare_pool)
+    assert {d.pod for d in result.deletes} - spares == set(before.all_pods()) - set(after.all_pods())
+    kept_members = {m.name for m in after.spec.members}
+    for delete in result.deletes:  # only the spares of a removed member go with it
+        assert delete.pod not in spares or old.spare_pool[delete.pod].member not in kept_members, delete
+    # A new member pod is created, or played by a ready spare of its member.
+    new_pods = {c.pod for c in result.creates if not c.spare} | {a.plays for a in result.assigns}
+    assert new_pods == set(after.all_pods()) - set(before.all_pods())
     for world in after.spec.worlds:
         name = world.name
         if name not in old.worlds:

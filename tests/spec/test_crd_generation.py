@@ -104,7 +104,8 @@ def test_status_schema_holds_what_kubectl_reads_and_no_more() -> None:
     status = schema()["properties"]["status"]
     assert status["x-kubernetes-preserve-unknown-fields"] is True
     fields = status["properties"]
-    assert set(fields) == {"phase", "observedGeneration", "worlds", "conditions", "worldsReady", "restarts"}
+    assert set(fields) == {"phase", "observedGeneration", "worlds", "conditions", "worldsReady", "restarts",
+                           "playedBy", "spares"}
     worlds = fields["worlds"]
     world = worlds["additionalProperties"]["properties"]
     assert set(world) == {"phase", "epoch", "size", "readyRanks", "restarts", "lastFailure", "restartAt", "waiting"}

@@ -30,6 +30,8 @@ ENV_WORLDS = "MULTIWORLD_WORLDS"
 ENV_TABLE = "MULTIWORLD_TABLE"
 ENV_NAME = "MULTIWORLD_NAME"
 ENV_NAMESPACE = "MULTIWORLD_NAMESPACE"
+# Set (to its member's name) in a warm spare: a process that waits for an identity.
+ENV_SPARE = "MULTIWORLD_SPARE"
 
 # Pod annotation a worker writes when it sees a world break (Kubernetes channel): the latest
 # BrokenWorldReport as JSON.
@@ -132,6 +134,9 @@ class WorldEntry(_Model):
     # replaced instance still runs for a moment after its Pod is gone; this keeps it from taking
     # its pod's rank at the new epoch, which belongs to the new instance.
     instances: dict[str, int] = Field(default_factory=dict)
+    # A warm spare keeps its own pod name: spare pod -> the member pod (`<mw>-<member>-<ordinal>`)
+    # it plays, for each spare among `pods`.
+    plays: dict[str, str] = Field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -162,6 +167,10 @@ class WorldTable(_Model):
     def assignments_for(self, pod: str) -> dict[str, WorldAssignment]:
         return {w.name: w.assignment(pod) for w in self.worlds if pod in w.pods}
 
+    def plays(self, pod: str) -> str:
+        """The member pod that `pod` plays: itself, unless it is a warm spare given an identity."""
+        return next((w.plays[pod] for w in self.worlds if pod in w.plays), pod)
+
     def replaced(self, pod: str, created_for: Mapping[str, int]) -> list[str]:
         """The worlds whose entry names a newer instance of `pod` than the one created for the
         epochs `created_for` (world -> epoch): that instance has been replaced."""
@@ -177,6 +186,9 @@ class WorkerEnv(_Model):
     # Where live table updates come from: "" (none: the start-up worlds are final),
     # "local://HOST:PORT" (the local runner), "kubernetes://NAMESPACE/NAME" (the MultiWorld).
     table: str = ""
+    # A warm spare of this member: no worlds at start; `init_from_env` waits until the live
+    # table gives this pod an identity.
+    spare: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
@@ -187,14 +199,24 @@ class WorkerEnv(_Model):
             worlds = json.loads(environ[ENV_WORLDS])
         except json.JSONDecodeError as exc:
             raise ValueError(f"{ENV_WORLDS} is not valid JSON: {exc}") from exc
-        return cls(pod=environ[ENV_POD], worlds=worlds, table=environ.get(ENV_TABLE, ""))
+        return cls(pod=environ[ENV_POD], worlds=worlds, table=environ.get(ENV_TABLE, ""),
+                   spare=environ.get(ENV_SPARE, ""))
+
+    @model_validator(mode="after")
+    def _spare_waits_for_a_table(self) -> WorkerEnv:
+        if self.spare and (self.worlds or not self.table):
+            raise ValueError(f"{ENV_SPARE}: a spare starts with no worlds and a live table ({ENV_TABLE})")
+        return self
 
     def to_env(self) -> dict[str, str]:
-        return {
+        env = {
             ENV_POD: self.pod,
             ENV_WORLDS: json.dumps([w.model_dump() for w in self.worlds], separators=(",", ":")),
             ENV_TABLE: self.table,
         }
+        if self.spare:
+            env[ENV_SPARE] = self.spare
+        return env
 
 
 def _now() -> datetime:
@@ -214,6 +236,8 @@ class BrokenWorldReport(_Model):
     peer_rank: int | None = None
     pod: str = ""
     time: datetime = Field(default_factory=_now)
+    # The member pod a warm spare plays, when `pod` is one ("" otherwise).
+    plays: str = ""
 
 
 class WorkerStatus(_Model):
@@ -227,6 +251,10 @@ class WorkerStatus(_Model):
     # each world it holds, so that a recovery's time can be split at the worker's side.
     started: datetime | None = None
     joined_at: dict[str, datetime] = Field(default_factory=dict)
+    # A warm spare: `waiting` while it waits for an identity (its program is ready), then the
+    # member pod it `plays`.
+    waiting: bool = False
+    plays: str = ""
 
 
 class ChannelMessage(_Model):

@@ -18,6 +18,13 @@ Rules (DESIGN.md, "Recovery semantics"):
   only, of removed members, or unknown instances are deleted.
 - Spec edits: new worlds start at epoch 1, removed ones leave the table, a world whose expanded
   rank list or backend changed gets a new epoch; nothing else moves.
+- Warm spares (`spares` of a member): that many pods of the member's template wait for an
+  identity. A member pod that needs a new instance is played by the oldest ready spare of its
+  member made from its current template (Running, its worker waiting), instead of a new pod of
+  its name; with none ready, a new pod is created as without spares. A spare plays one member pod
+  for the rest of its life, keeps its own name, and takes that pod's ranks in the table. The pool
+  refills once no member pod is starting (spares would compete with them); spares of an older
+  template, or beyond the count, are deleted.
 """
 
 from __future__ import annotations
@@ -27,9 +34,10 @@ from datetime import timedelta
 
 from multiworld.contract import JOIN_FAILED, Backend, BrokenWorldReport, WorldEntry, WorldTable
 
-from ..spec import MultiWorld
+from ..spec import MultiWorld, spare_name
 from .model import (
     Action,
+    AssignSpare,
     CreatePod,
     DeletePod,
     EmitEvent,
@@ -40,7 +48,16 @@ from .model import (
     PodObservation,
     PublishTable,
 )
-from .status import Condition, ConditionStatus, Failure, MultiWorldStatus, Phase, PodRecord, WorldStatus
+from .status import (
+    Condition,
+    ConditionStatus,
+    Failure,
+    MultiWorldStatus,
+    Phase,
+    PodRecord,
+    SpareRecord,
+    WorldStatus,
+)
 
 
 def plan(
@@ -90,12 +107,15 @@ class _Planning:
         # Shallow copies: the planner assigns fields of its worlds and records, and never changes
         # a list or dict it holds in place, so the previous status stays as it was.
         self.records = {n: r.model_copy() for n, r in previous.pods.items() if n in self.pod_worlds}
+        self.pool = {n: r.model_copy() for n, r in previous.spare_pool.items()}
+        self.spare_serial = previous.spare_serial
         # Per pod: the record last compared with its observed instance, and whether they match.
         # A pod shared by every world carries a stamp per world: comparing it once per world
         # would make a step quadratic in the worlds.
         self._matches: dict[str, tuple[PodRecord, bool]] = {}
         self.worlds: dict[str, WorldStatus] = {}
         self.deletes: list[DeletePod] = []
+        self.assigns: list[AssignSpare] = []
         self.creates: list[CreatePod] = []
         self.events: list[EmitEvent] = []
 
@@ -109,11 +129,13 @@ class _Planning:
             self._fail(world, failure)
         self._replace_orphans(failures)
         self._finish_worlds()
+        self._assign_spares()
         table = self._table()
         self._reconcile_pods(table)
+        self._keep_spares()
         self._count_ready()
         status = self._status(table)
-        actions: list[Action] = [*self.deletes]
+        actions: list[Action] = [*self.deletes, *self.assigns]
         if table != self.previous.table:
             actions.append(PublishTable(table=table))
         actions += [*self.creates, *self.events]
@@ -150,9 +172,10 @@ class _Planning:
     def _detect_failures(self) -> dict[str, Failure]:
         failures: dict[str, Failure] = {}
         for pod in self.pods:
-            record, seen = self.records.get(pod), self.observed.get(pod)
+            record = self.records.get(pod)
             if record is None:
                 continue
+            seen = self.observed.get(record.spare or pod)
             ours = self._current(pod) is not None
             if not ours and not record.observed:
                 continue  # asked for, not created yet (an older instance may linger)
@@ -162,13 +185,15 @@ class _Planning:
             # Ours failed, or ours was seen and is now gone (or replaced by a foreign instance).
             reason = "PodFailed" if ours else "PodDeleted"
             del self.records[pod]
+            instance = record.spare or pod
             for world in self.pod_worlds[pod]:
                 state = self.worlds[world]
                 if state.up and world not in failures and _took_part(record, seen if ours else None, world, state.epoch):
                     rank = state.pods.index(pod)
+                    playing = f"playing {pod}, " if record.spare else ""
                     failures[world] = Failure(
-                        time=self.now, reason=reason, pod=pod, rank=rank, epoch=state.epoch,
-                        message=f"pod {pod} (rank {rank}) {'failed' if ours else 'was deleted'}"
+                        time=self.now, reason=reason, pod=instance, rank=rank, epoch=state.epoch,
+                        message=f"pod {instance} ({playing}rank {rank}) {'failed' if ours else 'was deleted'}"
                                 + (f": {seen.message}" if ours and seen is not None and seen.message else ""),
                     )
         for report in self.reports:
@@ -183,7 +208,7 @@ class _Planning:
     def _a_rank_was_not_running(self, report: BrokenWorldReport, state: WorldStatus) -> bool:
         """Whether some pod of the world is not running now, or started after the report."""
         for pod in state.pods:
-            seen = self.observed.get(pod)
+            seen = self.observed.get(self._playing(pod))
             if seen is None or seen.phase != "Running" or (seen.started is not None and seen.started > report.time):
                 return True
         return False
@@ -191,10 +216,10 @@ class _Planning:
     def _report_failure(self, report: BrokenWorldReport, state: WorldStatus) -> Failure:
         by = f" (reported by {report.pod})" if report.pod else ""
         if report.peer_rank is not None and 0 <= report.peer_rank < state.size:
-            pod, rank = state.pods[report.peer_rank], report.peer_rank
+            pod, rank = self._playing(state.pods[report.peer_rank]), report.peer_rank
         else:
-            pod = report.pod
-            rank = state.pods.index(pod) if pod in state.pods else -1
+            pod, plays = report.pod, report.plays or report.pod
+            rank = state.pods.index(plays) if plays in state.pods else -1
         return Failure(time=self.now, reason="WorldBroken", pod=pod, rank=rank, epoch=state.epoch,
                        message=f"{report.reason}{by}")
 
@@ -243,10 +268,12 @@ class _Planning:
         entries = []
         for name, state in self.worlds.items():
             if state.up:
-                host, port = self.endpoint(name, state.pods[0])
+                pods = [self._playing(pod) for pod in state.pods]
+                host, port = self.endpoint(name, pods[0])
                 entries.append(WorldEntry(name=name, epoch=state.epoch, backend=state.backend,
-                                          host=host, port=port, pods=state.pods,
-                                          instances=self._instances(name, state.pods)))
+                                          host=host, port=port, pods=pods,
+                                          instances=self._instances(name, state.pods),
+                                          plays={p: pod for p, pod in zip(pods, state.pods) if p != pod}))
         revision = self.previous.table.revision
         if entries != self.previous.table.worlds:
             revision += 1
@@ -260,8 +287,13 @@ class _Planning:
             record = self.records.get(pod)
             epoch = record.created_for.get(world) if record is not None else self.worlds[world].epoch
             if epoch is not None:
-                found[pod] = epoch
+                found[self._playing(pod)] = epoch
         return found
+
+    def _playing(self, pod: str) -> str:
+        """The pod that plays member pod `pod`: a warm spare, or the pod of that name."""
+        record = self.records.get(pod)
+        return record.spare if record is not None and record.spare else pod
 
     def _reconcile_pods(self, table: WorldTable) -> None:
         for pod in self.pods:
@@ -270,7 +302,7 @@ class _Planning:
                 self.records.pop(pod, None)
             record, seen = self.records.get(pod), self.observed.get(pod)
             if seen is not None:
-                if record is None or seen.created_for != record.created_for:
+                if record is None or record.spare or seen.created_for != record.created_for:
                     self.deletes.append(DeletePod(pod=pod, reason=self._delete_reason(seen, record)))
                 continue
             if record is None and any(self.worlds[w].up for w in worlds):
@@ -282,10 +314,21 @@ class _Planning:
                     pod=pod, member=member, ordinal=ordinal, created_for=record.created_for,
                     worlds=list(table.assignments_for(pod).values()), template=self.mw.template_of(member),
                 ))
-        for name in sorted(set(self.observed) - set(self.pod_worlds)):
-            self.deletes.append(DeletePod(pod=name, reason="not part of the spec"))
+        playing = {r.spare: pod for pod, r in self.records.items() if r.spare}
+        for name in sorted(set(self.observed) - set(self.pod_worlds) - set(self.pool) - set(playing)):
+            self.deletes.append(DeletePod(pod=name, reason=self._stray_reason(name)))
+
+    def _stray_reason(self, name: str) -> str:
+        """Why an observed pod that is no member pod, no pool spare and plays nothing goes."""
+        played = next((pod for pod, r in self.previous.pods.items() if r.spare == name), None)
+        if played is None:
+            return "not part of the spec"
+        return f"a warm spare that played {played}: " + ("failed" if self.observed[name].phase == "Failed"
+                                                         else "no longer needed")
 
     def _delete_reason(self, seen: PodObservation, record: PodRecord | None) -> str:
+        if record is not None and record.spare:
+            return f"replaced by warm spare {record.spare}"
         wanted = any(self.worlds[w].up for w in self.pod_worlds[seen.name])
         if seen.phase == "Failed":
             return "failed; replaced by a new instance" if wanted else "failed"
@@ -295,12 +338,16 @@ class _Planning:
 
     def _current(self, pod: str) -> PodObservation | None:
         """The pod as observed, when it is the instance its record asked for."""
-        record, seen = self.records.get(pod), self.observed.get(pod)
-        if record is None or seen is None:
+        record = self.records.get(pod)
+        if record is None:
+            return None
+        seen = self.observed.get(record.spare or pod)
+        if seen is None:
             return None
         known = self._matches.get(pod)
         if known is None or known[0] is not record:
-            known = (record, seen.created_for == record.created_for)
+            # A spare's name is never reused: the pod of that name is the one that was assigned.
+            known = (record, record.spare is not None or seen.created_for == record.created_for)
             self._matches[pod] = known
         return seen if known[1] else None
 
@@ -338,7 +385,7 @@ class _Planning:
         waits for a reason beyond a container starting (unschedulable, an image pull, ...)."""
         waiting = {}
         for pod in state.pods:
-            seen = self.observed.get(pod)
+            seen = self.observed.get(self._playing(pod))
             if seen is None:
                 waiting[pod] = "not created yet"
             elif seen.phase == "Pending":
@@ -351,6 +398,89 @@ class _Planning:
         if stuck and not told:
             self._event("Warning", "WorldWaiting", name, f"world {name} epoch {state.epoch} waits for "
                         + "; ".join(f"pod {pod}: {reason}" for pod, reason in stuck.items()))
+
+    # -- warm spares -------------------------------------------------------------------------
+
+    def _ready_spares(self, member: str) -> int:
+        return sum(self._ready_spare(name, spare, member) for name, spare in self.pool.items())
+
+    def _ready_spare(self, name: str, spare: SpareRecord, member: str) -> bool:
+        seen = self.observed.get(name)
+        return (spare.member == member and spare.template == self.mw.template_digest(member)
+                and seen is not None and seen.phase == "Running" and seen.warm)
+
+    def _assign_spares(self) -> None:
+        """A member pod that needs a new instance is played by its member's oldest ready spare."""
+        for pod in self.pods:
+            worlds = self.pod_worlds[pod]
+            if pod in self.records or not any(self.worlds[w].up for w in worlds):
+                continue
+            member, ordinal = self.mw.member_of_pod(pod)
+            if not self.mw.member(member).spares:
+                continue
+            ready = sorted((spare.serial, name) for name, spare in self.pool.items()
+                           if self._ready_spare(name, spare, member))
+            if not ready:
+                continue
+            spare = ready[0][1]
+            del self.pool[spare]
+            self.records[pod] = PodRecord(created_for={w: self.worlds[w].epoch for w in worlds}, observed=True,
+                                          spare=spare)
+            self.assigns.append(AssignSpare(pod=spare, plays=pod, member=member, ordinal=ordinal))
+            self._event("Normal", "SpareAssigned", None, f"warm spare {spare} plays {pod} (worlds {', '.join(worlds)})")
+
+    def _keep_spares(self) -> None:
+        """Each member's pool holds `spares` spares of its current template: gone or ended ones
+        are dropped, outdated or surplus ones deleted, missing ones created (once no member pod
+        is starting)."""
+        members = {m.name: m for m in self.mw.spec.members}
+        kept: dict[str, list[str]] = {name: [] for name in members}
+        for name, spare in sorted(self.pool.items(), key=lambda item: item[1].serial):
+            seen = self.observed.get(name)
+            member = members.get(spare.member)
+            why = None
+            if seen is None and spare.observed:
+                why = "gone"
+            elif seen is not None and seen.phase in ("Failed", "Succeeded"):
+                why = "a warm spare that ended before it played a member pod"
+            elif member is None:
+                why = f"a warm spare of member {spare.member}, no longer in the spec"
+            elif spare.template != self.mw.template_digest(member.name):
+                why = f"a warm spare of an older template of member {member.name}"
+            elif len(kept[member.name]) >= member.spares:
+                why = f"a warm spare beyond the {member.spares} member {member.name} keeps"
+            if why is None:
+                assert member is not None
+                kept[member.name].append(name)
+                spare.observed = spare.observed or seen is not None
+                if seen is None:
+                    self.creates.append(self._create_spare(name, member.name))
+                continue
+            del self.pool[name]
+            if seen is not None:
+                self.deletes.append(DeletePod(pod=name, reason=why))
+        if self._member_pods_starting():
+            return
+        for member in members.values():
+            for _ in range(member.spares - len(kept[member.name])):
+                name = spare_name(self.mw.name, member.name, self.spare_serial)
+                self.pool[name] = SpareRecord(member=member.name, template=self.mw.template_digest(member.name),
+                                              serial=self.spare_serial)
+                self.spare_serial += 1
+                self.creates.append(self._create_spare(name, member.name))
+
+    def _create_spare(self, name: str, member: str) -> CreatePod:
+        return CreatePod(pod=name, member=member, ordinal=None, created_for={}, worlds=[],
+                         template=self.mw.template_of(member), spare=True)
+
+    def _member_pods_starting(self) -> bool:
+        """Whether a member pod of a world that is up has no running instance yet."""
+        for pod in self.pods:
+            if any(self.worlds[w].up for w in self.pod_worlds[pod]):
+                seen = self._current(pod)
+                if seen is None or seen.phase == "Pending":
+                    return True
+        return False
 
     # -- status ------------------------------------------------------------------------------
 
@@ -377,6 +507,10 @@ class _Planning:
             conditions=conditions,
             table=table,
             pods=self.records,
+            played_by={pod: r.spare for pod, r in self.records.items() if r.spare},
+            spares={m.name: f"{self._ready_spares(m.name)}/{m.spares}" for m in self.mw.spec.members if m.spares},
+            spare_pool=self.pool,
+            spare_serial=self.spare_serial,
         )
 
     def _condition(self, type_: str, true: bool, reason: str, message: str) -> Condition:

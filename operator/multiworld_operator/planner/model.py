@@ -40,6 +40,8 @@ class PodObservation(_Model):
     waiting: str = ""
     # When its container started running, if the platform knows.
     started: datetime | None = None
+    # A warm spare whose worker waits for an identity (WorkerStatus.waiting): ready to serve.
+    warm: bool = False
 
 
 class Observation(_Model):
@@ -61,19 +63,33 @@ class Observation(_Model):
 class CreatePod(_Model):
     """Create pod `pod` from `template` (already chosen for its member). `worlds` are its
     start-up assignments (its WorkerEnv); `created_for` must be stored on the pod and reported
-    back in PodObservation.created_for. Creating a pod that already exists is a no-op."""
+    back in PodObservation.created_for. Creating a pod that already exists is a no-op.
+    `spare`: a warm spare of the member (no ordinal, no worlds, `created_for` empty): its worker
+    waits for an identity through the live table."""
 
     action: Literal["create"] = "create"
     pod: str
     member: str
-    ordinal: int
+    ordinal: int | None
     created_for: dict[str, int]
     worlds: list[WorldAssignment]
     template: dict[str, Any]
+    spare: bool = False
 
     def worker_env(self, table: str = "") -> WorkerEnv:
         """The pod's environment contract; `table` is where its live world table comes from."""
-        return WorkerEnv(pod=self.pod, worlds=self.worlds, table=table)
+        return WorkerEnv(pod=self.pod, worlds=self.worlds, table=table, spare=self.member if self.spare else "")
+
+
+class AssignSpare(_Model):
+    """Warm spare `pod` now plays member pod `plays` (the live table says so to its worker);
+    platforms label it with that identity."""
+
+    action: Literal["assign"] = "assign"
+    pod: str
+    plays: str
+    member: str
+    ordinal: int
 
 
 class DeletePod(_Model):
@@ -101,12 +117,12 @@ class EmitEvent(_Model):
     world: str | None = None
 
 
-Action = Annotated[CreatePod | DeletePod | PublishTable | EmitEvent, Field(discriminator="action")]
+Action = Annotated[CreatePod | DeletePod | AssignSpare | PublishTable | EmitEvent, Field(discriminator="action")]
 
 
 class Plan(_Model):
-    """The planner's answer. Execute `actions` in order (deletes, then the table, then
-    creates, then events), store `status`, and plan again after `requeue_after` seconds (a
+    """The planner's answer. Execute `actions` in order (deletes, spare assignments, the table,
+    creates, events), store `status`, and plan again after `requeue_after` seconds (a
     restart waits for its backoff) or on the next change, whichever comes first."""
 
     actions: list[Action] = Field(default_factory=list)
@@ -120,6 +136,10 @@ class Plan(_Model):
     @property
     def creates(self) -> list[CreatePod]:
         return [a for a in self.actions if isinstance(a, CreatePod)]
+
+    @property
+    def assigns(self) -> list[AssignSpare]:
+        return [a for a in self.actions if isinstance(a, AssignSpare)]
 
     @property
     def deletes(self) -> list[DeletePod]:

@@ -76,9 +76,22 @@ class WorldStatus(WorldView):
 
 class PodRecord(_StatusModel):
     """The pod instance the planner asked for: `createdFor` stamps it (the epoch of each of its
-    worlds at creation); `observed` turns true once a platform reported that instance."""
+    worlds at creation); `observed` turns true once a platform reported that instance. `spare`:
+    the warm spare pod that plays this member pod (None: a pod of the member pod's own name)."""
 
     created_for: dict[str, int]
+    observed: bool = False
+    spare: str | None = None
+
+
+class SpareRecord(_StatusModel):
+    """A warm spare pod the planner asked for and that plays no member pod yet: its member, a
+    digest of the template it was made from (it serves only that), its serial (oldest serves
+    first), and `observed` once a platform reported it."""
+
+    member: str
+    template: str
+    serial: int
     observed: bool = False
 
 
@@ -101,6 +114,10 @@ class StatusView(_StatusModel):
     # entries as large as the worlds themselves.
     worlds: dict[str, WorldView] = Field(default_factory=dict, json_schema_extra={"x-kubernetes-map-type": "atomic"})
     conditions: list[Condition] = Field(default_factory=list)
+    # Member pod -> the warm spare pod that plays it (only those a spare plays).
+    played_by: dict[str, str] = Field(default_factory=dict)
+    # Member -> "<ready>/<wanted>" warm spares (only members with spec.members[].spares).
+    spares: dict[str, str] = Field(default_factory=dict)
 
 
 class MultiWorldStatus(StatusView):
@@ -110,6 +127,14 @@ class MultiWorldStatus(StatusView):
     worlds: dict[str, WorldStatus] = Field(default_factory=dict)
     table: WorldTable = Field(default_factory=WorldTable)
     pods: dict[str, PodRecord] = Field(default_factory=dict)
+    # Warm spares that play no member pod yet, by pod name; the serial of the next one.
+    spare_pool: dict[str, SpareRecord] = Field(default_factory=dict)
+    spare_serial: int = 0
+
+    def played_by_pod(self, pod: str) -> str:
+        """The pod that plays member pod `pod` now: a warm spare, or the pod of that name."""
+        record = self.pods.get(pod)
+        return record.spare if record is not None and record.spare else pod
 
     def to_dict(self) -> dict[str, Any]:
         """All of it, JSON-ready with camelCase keys."""
@@ -122,6 +147,9 @@ class MultiWorldStatus(StatusView):
         for world in view["worlds"].values():
             if not world["waiting"]:
                 del world["waiting"]
+        for key in ("playedBy", "spares"):
+            if not view[key]:
+                del view[key]
         return view
 
     @classmethod
@@ -135,7 +163,7 @@ class MultiWorldStatus(StatusView):
         return next((c for c in self.conditions if c.type == type_), None)
 
 
-_NOT_VIEWED: Any = {"table": True, "pods": True,
+_NOT_VIEWED: Any = {"table": True, "pods": True, "spare_pool": True, "spare_serial": True,
                     "worlds": {"__all__": set(WorldStatus.model_fields) - set(WorldView.model_fields)}}
 
 
