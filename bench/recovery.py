@@ -2,27 +2,45 @@
 the world that lost nobody.
 
 The seed topology (examples/all_gather/multiworld.yaml: leader in world1 and world2, w1 and w2
-with two replicas each) runs with fast steps; `--kill w1:1` fires several times, spaced so that
-each recovery ends before the next kill, and world1's restart backoff is off (initialDelay 0s),
-so that every kill times a recovery rather than the backoff policy. The runner's warm spares
-are as it ships them (--spares changes that; 0 shows cold starts). Figures:
-  recovery      the runner's summary (recovery_seconds of world1): from the kill to world1
-                Running again at a new epoch with every rank joined
+with two replicas each) runs with fast steps; the runner's `--kill w1:1` fires several times
+(it kills whichever process plays pod w1-1: a warm spare, once one does), spaced so that each
+recovery ends before the next kill, and world1's restart backoff is off (initialDelay 0s), so
+that every kill times a recovery rather than the backoff policy. By default w1 keeps 2 warm
+spares (`--spares w1=2`: as many as world1 has exclusive pods, since a recovery replaces both
+w1-0 and w1-1); this bench's --spares is passed to the runner instead (`--spares 0` shows cold
+starts). Clocks (all wall-clock unix time; the runner's event lines are placed on it through
+their elapsed-time prefix (10 ms steps), offset by the smallest lag seen between a line's
+elapsed time and the moment the bench read it):
+  recovery      the runner's summary (recovery_seconds of world1): from the runner injecting the
+                kill to the runner seeing world1 Running again at a new epoch with every rank
+                joined (the runner's monotonic clock)
   torch import  `python -c "import torch"` wall time (interpreter start included), measured in
                 this run before the manifest starts
-  breakdown     per kill, from timestamps: the leader seeing world1 break, the replacement
-                process running its script (a cold start, or a warm spare of the runner), its
-                torch import, its first step in the new epoch
+  breakdown     per kill, every column from the kill (the runner's "injecting failure" line,
+                written just before its SIGKILL) to:
+                  leader saw break   the leader printing "world1 broke"
+                  replacements       what took world1's exclusive pods after the kill: a warm
+                                     spare (the runner's SpareAssigned line names it, its log
+                                     is the spare's own) or a new process of the pod's own name
+                                     (a cold start, its log the pod's) - then, for the one of
+                                     them whose first step came last:
+                  spare assigned     the runner's SpareAssigned line for it ("-": a new process)
+                  script running     its launcher's first line ("before the kill": a spare,
+                                     started ahead of need)
+                  torch imported     its launcher's line after `import torch` (idem)
+                  first step         its first all_gather done, which is in the new epoch (a
+                                     spare has no world until it plays a member pod)
+                  leader rejoined    the leader printing "world1 rejoined at epoch"
   unaffected    world2's steps as the leader logs them: its worst step gap inside the recovery
                 windows (kill to recovery + 1 s) over its median step, and its errors from the
                 runner's summary
-Members run the unmodified example through a launcher (this script with --launch) that
-timestamps every line the example prints and times the torch import on its own.
+Members (spares too) run the unmodified example through a launcher (this script with --launch)
+that timestamps every line the example prints and times the torch import on its own; a spare's
+script then blocks in init_from_env() until the runner gives it a member pod to play.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import runpy
@@ -45,8 +63,11 @@ NAME = "bench-recovery"
 BROKEN_WORLD = "world1"
 UNAFFECTED = "world2"
 VICTIM = "w1:1"
-# world1's exclusive pods: both are restarted when world1 fails.
+# world1's exclusive pods: both get a new process (a warm spare, or a cold start) when world1 fails.
 EXCLUSIVE_PODS = (f"{NAME}-w1-0", f"{NAME}-w1-1")
+# The runner's warm spares unless --spares says otherwise: one per exclusive pod of world1.
+DEFAULT_SPARES = [f"w1={len(EXCLUSIVE_PODS)}"]
+SPARES_CHOICE = re.compile(r"^(?:([^=]+)=)?(\d+)$")
 LEADER_POD = f"{NAME}-leader-0"
 RECOVERY_LIMIT_S = 3.0
 GAP_LIMIT = 3.0
@@ -55,6 +76,10 @@ LAUNCH = "--launch"
 STAMP = re.compile(r"^@(\d+\.\d+) (.*)$")
 MARK_UP = "bench: launcher running"
 MARK_TORCH = "bench: torch imported"
+# The runner's log lines (--no-view): "[<seconds since it started>s] <message>".
+RUNNER_LINE = re.compile(r"^\[\s*(\d+\.\d+)s\] (.*)$")
+KILLED = re.compile(r"^injecting failure: SIGKILL (\S+)")
+ASSIGNED = re.compile(r"SpareAssigned: warm spare (\S+) plays (\S+) ")
 
 
 def parse_args(argv: Sequence[str] | None) -> Any:
@@ -69,16 +94,29 @@ def parse_args(argv: Sequence[str] | None) -> Any:
                         "(default 15)")
     p.add_argument("--interval", type=common.positive(float), default=0.05,
                    help="the example's --interval between steps, seconds (default 0.05)")
-    p.add_argument("--spares", type=int, default=None,
-                   help="the runner's --spares (warm spare processes); default: the runner's own")
+    p.add_argument("--spares", action="append", default=None, metavar="[MEMBER=]N",
+                   help="the runner's --spares, passed through (repeatable): N warm spares of every member, "
+                        "or MEMBER=N of one; 0 shows cold starts (default: " + " ".join(DEFAULT_SPARES) + ")")
     p.add_argument("--imports", type=common.positive(int), default=3,
                    help="how many times `python -c 'import torch'` is timed (default 3)")
     p.add_argument("--keep-logs", action="store_true", help="keep the members' logs (their folder is printed)")
     args = p.parse_args(argv)
     args.kills = args.kills or (1 if args.quick else 5)
-    if args.spares is not None and args.spares < 0:
-        p.error(f"--spares must be >= 0, got {args.spares}")
+    members = seed_members()
+    for choice in args.spares or []:
+        m = SPARES_CHOICE.match(choice)
+        if m is None:
+            p.error(f"--spares {choice}: expected N or MEMBER=N with N a whole number >= 0")
+        if m.group(1) is not None and m.group(1) not in members:
+            p.error(f"--spares {choice}: no member named {m.group(1)!r} (members: {', '.join(members)})")
+    args.spares = args.spares or list(DEFAULT_SPARES)
     return args
+
+
+def seed_members() -> list[str]:
+    import yaml
+
+    return [m["name"] for m in yaml.safe_load(SEED_MANIFEST.read_text())["spec"]["members"]]
 
 
 # ---- the launcher (inside each member) ---------------------------------------------------------
@@ -156,8 +194,25 @@ def write_manifest(path: Path, interval: float, kills: int) -> None:
 @dataclass
 class RunnerOutput:
     summary: dict[str, Any]
-    kills: list[float] = field(default_factory=list)  # when each kill was announced (unix time)
     stderr: list[str] = field(default_factory=list)
+    read_at: list[float] = field(default_factory=list)  # when the bench read each stderr line (unix time)
+    kills: list[float] = field(default_factory=list)  # when each kill was injected (unix time)
+    assigned: list[tuple[float, str, str]] = field(default_factory=list)  # (when, spare, member pod)
+
+    def place_events(self) -> None:
+        """The kills and spare assignments on the unix clock: the runner's elapsed seconds plus its
+        start, estimated as the smallest (read time - elapsed) over its lines (a line is read a
+        little after it is written, never before)."""
+        stamped = [(at, float(m.group(1)), m.group(2))
+                   for at, line in zip(self.read_at, self.stderr) if (m := RUNNER_LINE.match(line))]
+        if not stamped:
+            return
+        start = min(at - elapsed for at, elapsed, _ in stamped)
+        for _, elapsed, message in stamped:
+            if KILLED.match(message):
+                self.kills.append(start + elapsed)
+            elif m := ASSIGNED.search(message):
+                self.assigned.append((start + elapsed, m.group(1), m.group(2)))
 
 
 def run_manifest(args: Any, manifest: Path, log_dir: Path) -> RunnerOutput:
@@ -168,34 +223,48 @@ def run_manifest(args: Any, manifest: Path, log_dir: Path) -> RunnerOutput:
            "--log-dir", str(log_dir), "--workdir", str(common.REPO)]
     for after in afters:
         cmd += ["--kill", VICTIM, "--after", str(after)]
-    if args.spares is not None:
-        cmd += ["--spares", str(args.spares)]
+    for choice in args.spares:
+        cmd += ["--spares", choice]
     # A cap, should world1 never come back: start-up, the kills, and slow recoveries.
     cmd += ["--duration", str(180 + afters[-1] + 60)]
     out = RunnerOutput(summary={})
     back = re.compile(rf"\] {BROKEN_WORLD}: Running epoch={args.kills + 1} ranks=(\d+)/\1 ")
 
     def watch(line: str, proc: subprocess.Popen[str]) -> None:
-        if "injecting failure: SIGKILL" in line:
-            out.kills.append(time.time())
+        out.read_at.append(time.time())
         if back.search(line):
             time.sleep(1.0)  # a little steady state after the last recovery
             proc.send_signal(signal.SIGTERM)
 
     out.summary, out.stderr = common.run_local(cmd, watch)
+    out.place_events()
     return out
 
 
 @dataclass
 class Incarnation:
-    spare: bool
-    up: float | None = None  # the launcher runs the script's process
+    """One process's marks, from its log (a pod's log holds one per start, a spare's one)."""
+
+    up: float | None = None  # the launcher runs (the script's process is up)
     torch: float | None = None  # torch imported
     first_step: float | None = None  # first all_gather done
 
 
+@dataclass
+class Replacement:
+    """The process that took one of world1's exclusive pods after a kill."""
+
+    pod: str
+    process: str  # a spare's name, or the pod's own (a new process)
+    spare: bool
+    assigned: float | None  # the runner's SpareAssigned line (a spare)
+    marks: Incarnation
+
+
 def stamped_lines(path: Path) -> list[tuple[float | None, str]]:
     out: list[tuple[float | None, str]] = []
+    if not path.is_file():
+        return out
     for line in path.read_text(errors="replace").splitlines():
         m = STAMP.match(line)
         out.append((float(m.group(1)), m.group(2)) if m else (None, line))
@@ -207,7 +276,7 @@ def incarnations(path: Path) -> list[Incarnation]:
     for at, line in stamped_lines(path):
         if at is None:
             if line.startswith("--- start"):
-                found.append(Incarnation(spare="warm spare" in line))
+                found.append(Incarnation())
             continue
         if not found:
             continue
@@ -218,6 +287,23 @@ def incarnations(path: Path) -> list[Incarnation]:
             current.torch = at
         elif "has gathered tensors" in line and current.first_step is None:
             current.first_step = at
+    return found
+
+
+def replacements(kill: float, until: float, assigned: list[tuple[float, str, str]], logs: Path) -> list[Replacement]:
+    """Per exclusive pod, the process that took it in [kill, until): the first spare assigned to
+    play it, else the first new process of its own name."""
+    found = []
+    for pod in EXCLUSIVE_PODS:
+        spare = next(((at, name) for at, name, plays in assigned if plays == pod and kill <= at < until), None)
+        if spare is not None:
+            marks = incarnations(logs / f"{spare[1]}.log")
+            found.append(Replacement(pod, spare[1], True, spare[0], marks[-1] if marks else Incarnation()))
+            continue
+        new = next((inc for inc in incarnations(logs / f"{pod}.log")
+                    if inc.up is not None and kill <= inc.up < until), None)
+        if new is not None:
+            found.append(Replacement(pod, pod, False, None, new))
     return found
 
 
@@ -240,30 +326,38 @@ def after(times: list[float], start: float) -> float | None:
     return next((t for t in times if t >= start), None)
 
 
+def kinds(found: list[Replacement]) -> str:
+    spares = sum(r.spare for r in found)
+    return f"{spares} spare, {len(found) - spares} new" if found else "-"
+
+
+def last_of(found: list[Replacement]) -> Replacement | None:
+    """The replacement whose first step came last (one that never stepped counts as last)."""
+    return max(found, key=lambda r: r.marks.first_step or float("inf"), default=None)
+
+
 def kill_row(
     index: int, kill: float, recovery: float | None, seen: float | None, back: float | None,
-    restarted: list[list[Incarnation]],
+    found: list[Replacement],
 ) -> list[str]:
-    """One kill: the recovery, and when the slowest of the replacements got where (w1's pods are
-    both restarted: world1 is the only world of each)."""
-    replacements = [next((inc for inc in incs if inc.up is not None and inc.up >= kill), None) for incs in restarted]
-    found = [inc for inc in replacements if inc is not None]
-    last = max(found, key=lambda inc: inc.first_step or inc.up or 0.0, default=None)
-    spares = sum(inc.spare for inc in found)
-    kinds = f"{spares} spare, {len(found) - spares} new" if found else "-"
+    """One kill: the recovery, and when the slowest of the replacements got where, from the kill."""
+    last = last_of(found)
 
-    def since(a: float | None, b: float | None) -> str:
-        return ms(a - b if a is not None and b is not None else None)
+    def since(at: float | None) -> str:
+        if at is None:
+            return "-"
+        return "before the kill" if at < kill else ms(at - kill)
 
     return [
         str(index + 1),
         "-" if recovery is None else f"{recovery:.2f} s",
-        since(seen, kill),
-        kinds,
-        since(last.up if last else None, kill),
-        since(last.torch if last else None, last.up if last else None),
-        since(last.first_step if last else None, last.torch if last else None),
-        since(back, kill),
+        since(seen),
+        kinds(found),
+        since(last.assigned if last else None),
+        since(last.marks.up if last else None),
+        since(last.marks.torch if last else None),
+        since(last.marks.first_step if last else None),
+        since(back),
     ]
 
 
@@ -287,15 +381,24 @@ def coordinate(args: Any) -> int:
         raise RuntimeError(f"{BROKEN_WORLD} never recovered: {world1}\n" + "\n".join(run.stderr[-30:]))
 
     steps, broke, rejoined = leader_times(work / "logs" / f"{LEADER_POD}.log")
-    restarted = [incarnations(work / "logs" / f"{pod}.log") for pod in EXCLUSIVE_PODS]
-    rows = []
+    rows, per_kill = [], []
     for i, kill in enumerate(run.kills):
+        until = run.kills[i + 1] if i + 1 < len(run.kills) else float("inf")
+        found = replacements(kill, until, run.assigned, work / "logs")
+        per_kill.append(found)
         rows.append(kill_row(i, kill, recoveries[i] if i < len(recoveries) else None,
-                             after(broke, kill), after(rejoined, kill), restarted))
+                             after(broke, kill), after(rejoined, kill), found))
     breakdown = common.table(
-        ["kill", "recovery", "leader saw break", "replacements", "last script running", "+ torch import",
-         "+ first step", "leader rejoined"], rows)
+        ["kill", "recovery", "leader saw break", "replacements", "spare assigned", "script running",
+         "torch imported", "first step", "leader rejoined"], rows)
+    everyone = [r for found in per_kill for r in found]
+    to_first_step = [last.marks.first_step - kill for kill, found in zip(run.kills, per_kill)
+                     if (last := last_of(found)) is not None and last.marks.first_step is not None]
     warnings = []
+    short = [i + 1 for i, found in enumerate(per_kill) if len(found) < len(EXCLUSIVE_PODS)]
+    if short:
+        warnings.append(f"warning: kill(s) {', '.join(map(str, short))}: fewer than {len(EXCLUSIVE_PODS)} "
+                        f"replacements found for {', '.join(EXCLUSIVE_PODS)} (see --keep-logs)")
     if world1["failures"] != len(run.kills) or len(recoveries) != len(run.kills):
         warnings.append(f"warning: {len(run.kills)} kills, but {BROKEN_WORLD} had {world1['failures']} failures and "
                         f"{len(recoveries)} recoveries (a failure the bench did not cause, or overlapping "
@@ -310,6 +413,10 @@ def coordinate(args: Any) -> int:
     figures = common.table(["figure", "value"], [
         ["recoveries (min / median / max)",
          f"{recovery.min:.2f} / {recovery.median:.2f} / {recovery.max:.2f} s over {len(recoveries)} kills"],
+        ["replacements over all kills (runner: " + " ".join(f"--spares {c}" for c in args.spares) + ")",
+         kinds(everyone)],
+        ["kill to the last replacement's first step (min / median / max)",
+         " / ".join(ms(v) for v in common.Spread.of(to_first_step).as_dict().values()) if to_first_step else "-"],
         ["python -c 'import torch' (median of runs)", f"{torch_import_s:.2f} s ({', '.join(f'{t:.2f}' for t in imports)})"],
         [f"{UNAFFECTED} median step", common.fmt_s(median_step)],
         [f"{UNAFFECTED} worst gap in recovery windows / median", f"{worst / median_step:.2f} ({offset:+.2f} s after a kill)"],
@@ -323,9 +430,10 @@ def coordinate(args: Any) -> int:
         common.Target(f"{UNAFFECTED} worst gap / median step", worst / median_step, GAP_LIMIT),
         common.Target(f"{UNAFFECTED} errors", world2["errors"], 0),
     ]
-    notes = f"logs: {work} (runner.log, logs/<pod>.log)" if args.keep_logs else ""
+    notes = f"logs: {work} (runner.log, logs/<pod or spare>.log)" if args.keep_logs else ""
     common.report("recovery: multiworld run, seed topology, --kill w1:1", load,
-                  [figures, "per kill (times from the kill):\n" + breakdown, *warnings, *([notes] if notes else [])],
+                  [figures, "per kill (times from the kill; the stages are those of the replacement whose first step came "
+                   "last):\n" + breakdown, *warnings, *([notes] if notes else [])],
                   targets)
     if not args.keep_logs:
         import shutil
