@@ -1,20 +1,32 @@
-"""What needs no communicator: import hygiene, settings from the environment, channel choice,
-and the local channel against the runner's real channel server."""
+"""Starting a worker: import hygiene, settings from the environment, channel choice, the local
+channel against the runner's real channel server, and warm spares (real processes over gloo)."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from worker_support import TEST_DETECT, Member, TableServer, assignment, free_ports
 
 from multiworld import DetectConfig
 from multiworld.channels import open_channel
 from multiworld.channels.local import LocalChannel
 from multiworld.channels.none import NoneChannel
-from multiworld.contract import BrokenWorldReport, ChannelMessage, WorkerStatus, WorldTable
+from multiworld.contract import (
+    BrokenWorldReport,
+    ChannelMessage,
+    WorkerEnv,
+    WorkerStatus,
+    WorldEntry,
+    WorldTable,
+)
 from multiworld.detect import Verdict, short
 
 
@@ -119,3 +131,143 @@ def test_every_op_a_backend_checks_itself_has_a_check_that_names_what_it_refused
 
     for driver in (GlooDriver, NcclDriver):
         assert driver.self_checked <= ARGUMENT_CHECKS.keys(), driver.name
+
+
+# ---- warm spares ---------------------------------------------------------------------------
+
+SPARE = "mw-replica-spare-b"
+PLAYED = "mw-replica-0"
+PEER = "mw-replica-1"
+DETECT_ENV = {f"MULTIWORLD_{name.upper()}": str(seconds) for name, seconds in TEST_DETECT.items()}
+
+# A member's program: nothing of torch before init_from_env, which a spare blocks in. A thread
+# tells when torch is loaded; `exit-on-sigterm` installs a SIGTERM handler, as many programs do.
+PROGRAM = """
+import json, signal, sys, threading, time
+
+def emit(event, **fields):
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+def watch_torch():
+    while "torch" not in sys.modules:
+        time.sleep(0.01)
+    emit("torch_loaded")
+
+if sys.argv[1:] == ["exit-on-sigterm"]:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+threading.Thread(target=watch_torch, daemon=True).start()
+import multiworld as mw
+manager = mw.init_from_env()
+emit("initialized", plays=manager.plays, status=manager.status().model_dump(mode="json"))
+import torch
+world = manager.world("w")
+value = torch.full((1,), float(world.rank + 1))
+world.all_reduce(value)
+emit("reduced", value=value.tolist())
+sys.stdin.readline()
+manager.close()
+"""
+
+
+def spare_env(server: TableServer, pod: str) -> dict[str, str]:
+    return {**WorkerEnv(pod=pod, table=server.url, spare="replica").to_env(), **DETECT_ENV}
+
+
+def start_program(spawn: Callable[..., Member], pod: str, env: dict[str, str], *flags: str) -> Member:
+    return spawn(pod, {}, env, ["-c", PROGRAM, *flags])
+
+
+def statuses_of(server: TableServer, pod: str) -> list[WorkerStatus]:
+    return [s for s in server.statuses if s.pod == pod]
+
+
+def test_a_spare_waits_for_an_identity_then_plays_its_member(spawn, table_server) -> None:
+    port = free_ports(1)[0]
+    spare = start_program(spawn, SPARE, spare_env(table_server, SPARE))
+    peer_env = {**table_server.env(PEER, [assignment("w", 1, 2, port)]), **DETECT_ENV}
+    peer = start_program(spawn, PEER, peer_env)
+
+    table_server.wait_until(lambda: any(s.waiting for s in statuses_of(table_server, SPARE)), "the spare waits")
+    spare.wait_for("torch_loaded", timeout=10)  # loaded by init_from_env before the spare said it waits
+    time.sleep(1.0)  # time enough for an init_from_env that did not block to return
+    assert spare.proc.poll() is None and not spare.named("initialized"), spare.stderr()
+    assert all(s.waiting and not s.joined and not s.plays for s in statuses_of(table_server, SPARE))
+
+    entry = WorldEntry(name="w", epoch=1, host="127.0.0.1", port=port, pods=[SPARE, PEER], plays={SPARE: PLAYED})
+    table_server.publish(WorldTable(revision=1, worlds=[entry]))
+
+    initialized = spare.wait_for("initialized")
+    assert initialized["plays"] == PLAYED
+    # init_from_env returned with the world its identity brought already joined.
+    assert initialized["status"]["joined"] == {"w": 1}
+    assert (initialized["status"]["waiting"], initialized["status"]["plays"]) == (False, PLAYED)
+    assert peer.wait_for("initialized")["plays"] == PEER
+    for member in (spare, peer):
+        assert member.wait_for("reduced")["value"] == [3.0]
+
+    def spare_plays() -> bool:
+        latest = statuses_of(table_server, SPARE)[-1]
+        return (latest.waiting, latest.plays, latest.joined) == (False, PLAYED, {"w": 1})
+
+    table_server.wait_until(spare_plays, "the spare's status says whom it plays")
+    assert statuses_of(table_server, PEER)[-1].plays == ""
+    for member in (spare, peer):
+        member.tell("stop")
+        assert member.wait_exit() == 0, member.stderr()
+
+
+# How each signal ends a spare waiting for an identity, per the program's handling of it.
+SIGNALLED: dict[str, tuple[signal.Signals, tuple[str, ...], int]] = {
+    "spare-sigterm": (signal.SIGTERM, (), -signal.SIGTERM),
+    "spare-sigterm-handled": (signal.SIGTERM, ("exit-on-sigterm",), 143),
+    "spare-sigint": (signal.SIGINT, (), -signal.SIGINT),  # KeyboardInterrupt, then SIGINT's own end
+}
+
+
+def test_a_spare_without_an_identity_ends_promptly_on_a_signal(spawn, table_server) -> None:
+    spares = {pod: start_program(spawn, pod, spare_env(table_server, pod), *flags)
+              for pod, (_, flags, _) in SIGNALLED.items()}
+    for pod in spares:
+        table_server.wait_until(lambda pod=pod: any(s.waiting for s in statuses_of(table_server, pod)), f"{pod} waits")
+    for pod, member in spares.items():
+        sig, _, status = SIGNALLED[pod]
+        started = time.monotonic()
+        member.signal(sig)
+        returncode = member.wait_exit(timeout=10)
+        took = time.monotonic() - started
+        assert returncode == status, f"{pod} ended with {returncode}:\n{member.stderr()}"
+        assert took < 5.0, f"{pod} took {took:.1f}s to end"
+        assert not member.named("initialized")
+
+
+def test_a_spare_env_has_no_start_up_worlds_and_a_live_table() -> None:
+    table = "local://127.0.0.1:5000"
+    spare = WorkerEnv(pod=SPARE, table=table, spare="replica")
+    assert WorkerEnv.from_env(spare.to_env()) == spare
+    world = assignment("w", 0, 2, 5001)
+    for env in (WorkerEnv(pod=SPARE, worlds=[world], table=table).to_env(), WorkerEnv(pod=SPARE).to_env()):
+        with pytest.raises(ValueError, match="MULTIWORLD_SPARE"):
+            WorkerEnv.from_env({**env, "MULTIWORLD_SPARE": "replica"})
+
+
+def test_a_broken_world_event_names_the_member_a_spare_plays() -> None:
+    from kubernetes import client
+
+    from multiworld.channels.kubernetes import KubernetesChannel
+
+    bodies: list[dict[str, Any]] = []
+
+    class Core:
+        def create_namespaced_event(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
+            bodies.append(body)
+
+    channel = KubernetesChannel("kubernetes://ns/mw", SPARE, api=client.ApiClient())
+    channel.core = Core()  # type: ignore[assignment]
+    broken = BrokenWorldReport(world="w", epoch=2, reason="recv timed out", peer_rank=1, pod=SPARE)
+    channel._post_event(broken)
+    channel._post_event(broken.model_copy(update={"plays": PLAYED}))
+    assert [b["involvedObject"]["name"] for b in bodies] == [SPARE, SPARE]
+    assert [b["message"] for b in bodies] == [
+        "world w epoch 2 broken (peer rank 1): recv timed out",
+        f"world w epoch 2 broken (peer rank 1) (pod {SPARE}, playing {PLAYED}): recv timed out",
+    ]

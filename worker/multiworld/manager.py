@@ -90,11 +90,13 @@ class WorldManager(PymultiworldFace):
         instance: Mapping[str, int] | None = None,
         *,
         enable_monitor: bool = True,
+        spare: bool = False,
     ) -> None:
         """`instance`: the epochs (world -> epoch) this process's pod was created for, as its
         environment gives them; a table that names a newer instance of the pod is not followed.
         `enable_monitor=False` (pymultiworld's name): worlds run no heartbeat; op errors still
-        break them."""
+        break them. `spare`: a warm spare, which says at once that it waits for an identity and
+        takes the one the first live table naming its pod gives it."""
         if not isinstance(pod, str):
             raise TypeError(f"pod must be a str, got {pod!r} (pymultiworld's enable_monitor is a keyword argument)")
         self.pod = pod or socket.gethostname()
@@ -117,16 +119,25 @@ class WorldManager(PymultiworldFace):
         self._watchers: list[Callable[[], None]] = []
         self._last_status: WorkerStatus | None = None
         self._closed = False
+        self._waiting = spare
+        self._plays = ""  # the member pod a spare plays, once it has an identity
         # One failure detector for all of this process's worlds (see detector.py).
         self._detector = Detector()
         _open_managers.add(self)
         self._channel.start(self.apply)
+        if spare:
+            self._changed()  # the platform gives identities only to spares that said they wait
 
     def __enter__(self) -> WorldManager:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @property
+    def plays(self) -> str:
+        """The member pod this process plays: its own, unless it is a spare given an identity."""
+        return self._plays or self.pod
 
     def __repr__(self) -> str:
         return f"<WorldManager pod={self.pod!r} worlds={sorted(self._worlds)} joining={sorted(self._joins)}>"
@@ -284,7 +295,8 @@ class WorldManager(PymultiworldFace):
         if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):
             log.warning("could not join world %s epoch %d: %s", a.name, a.epoch, exc)
             self._channel.report(
-                BrokenWorldReport(world=a.name, epoch=a.epoch, reason=f"{JOIN_FAILED}{exc}", pod=self.pod)
+                BrokenWorldReport(world=a.name, epoch=a.epoch, reason=f"{JOIN_FAILED}{exc}", pod=self.pod,
+                                  plays=self._plays)
             )
         elif current:
             log.info("gave up joining world %s epoch %d: %s", a.name, a.epoch, exc)
@@ -324,6 +336,11 @@ class WorldManager(PymultiworldFace):
             if self._replaced or self._superseded(table):
                 return
             mine = table.assignments_for(self.pod)
+            identified = self._waiting and bool(mine)
+            if identified:
+                self._waiting = False
+                self._plays = table.plays(self.pod)
+                log.info("spare pod %s plays %s from world table revision %d", self.pod, self._plays, table.revision)
             for name in (set(self._worlds) | set(self._joins)) - set(mine):
                 self._leave(name)
             for a in mine.values():
@@ -332,6 +349,8 @@ class WorldManager(PymultiworldFace):
                         self._start_join(a)
                     except WorldJoinError as exc:
                         log.warning("world table revision %d: %s", table.revision, exc)
+        if identified:
+            self._changed()
 
     def _superseded(self, table: WorldTable) -> bool:
         """Whether the table gives this pod's ranks to a newer instance of it; then leave every
@@ -345,6 +364,19 @@ class WorldManager(PymultiworldFace):
         for name in set(self._worlds) | set(self._joins):
             self._leave(name)
         return True
+
+    def _wait_for_identity(self) -> list[_Join]:
+        """Block until the live table gives this spare an identity; then the joins that table
+        started (and any world they already gave). A lock's wait is interruptible on POSIX, so
+        SIGINT and SIGTERM handlers still run while the main thread blocks here."""
+        while True:
+            woken = threading.Event()
+            with self._lock:
+                if not self._waiting:
+                    return [*self._joins.values(), *map(_Join.holding, self._worlds.values())]
+                self._check_open()
+                self._watchers.append(woken.set)
+            woken.wait()
 
     def _wants(self, a: WorldAssignment) -> bool:
         pending = self._joins.get(a.name)
@@ -458,7 +490,8 @@ class WorldManager(PymultiworldFace):
                 self._errors[world.name] = self._errors.get(world.name, 0) + 1
             self._channel.report(
                 BrokenWorldReport(
-                    world=error.world, epoch=error.epoch, reason=error.reason, peer_rank=error.peer_rank, pod=self.pod
+                    world=error.world, epoch=error.epoch, reason=error.reason, peer_rank=error.peer_rank,
+                    pod=self.pod, plays=self._plays,
                 )
             )
         self._changed()
@@ -472,7 +505,8 @@ class WorldManager(PymultiworldFace):
         with self._lock:
             joined = {name: w.epoch for name, w in self._worlds.items() if not w.broken}
             return WorkerStatus(pod=self.pod, joined=joined, errors=dict(self._errors), started=self._started,
-                                joined_at={name: self._joined_at[name] for name in joined})
+                                joined_at={name: self._joined_at[name] for name in joined},
+                                waiting=self._waiting, plays=self._plays)
 
     def _changed(self) -> None:
         with self._lock:

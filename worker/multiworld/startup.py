@@ -1,18 +1,30 @@
-"""Start a worker from its environment: the contract's env half plus the live-table channel."""
+"""Start a worker from its environment: the contract's env half plus the live-table channel.
+
+A warm spare (MULTIWORLD_SPARE set to its member's name) runs its member's program ahead of
+need: `init_from_env` loads torch's communicator code, says through the channel that the spare
+waits, and blocks until the live table names its pod, so everything the program did before
+(imports, model loading) is already paid when the platform gives it a member's identity. It
+keeps its own pod name; the table lists that name at the ranks it takes and says which member
+pod it plays (`WorldManager.plays`). Nothing times the wait out: the platform deletes spares it
+no longer needs.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from multiworld.channels import open_channel
-from multiworld.contract import WorkerEnv
+from multiworld.contract import ENV_SPARE, WorkerEnv
 from multiworld.detect import DetectConfig
 from multiworld.manager import WorldManager
 
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 
 def init_from_env(
@@ -24,16 +36,25 @@ def init_from_env(
 ) -> WorldManager:
     """Read MULTIWORLD_POD / MULTIWORLD_WORLDS / MULTIWORLD_TABLE, open the channel its scheme
     names, join the start-up worlds in parallel (waiting for them unless wait=False; a world
-    that cannot form is logged and reported, not raised) and follow the live table."""
+    that cannot form is logged and reported, not raised) and follow the live table. A spare
+    (MULTIWORLD_SPARE) first blocks until the table gives it an identity, whatever `wait` says;
+    the worlds that identity brings are joined like start-up worlds."""
     environ = os.environ if environ is None else environ
     env = WorkerEnv.from_env(environ)
     config = config if config is not None else DetectConfig.from_env(environ)
+    if env.spare:
+        # Torch loads before the spare says it waits: a spare is worth its head start.
+        import multiworld.world  # noqa: F401
     channel = open_channel(env.table, env.pod)
     manager = WorldManager(pod=env.pod, config=config, channel=channel, device=device,
-                           instance={a.name: a.epoch for a in env.worlds})
-    # The live table may reach the manager first and already carry newer epochs: an environment
-    # assignment older than what it gave is left out, not raised.
-    joins = manager._start_joins(env.worlds, newest_only=True)
+                           instance={a.name: a.epoch for a in env.worlds}, spare=bool(env.spare))
+    if env.spare:
+        log.info("pod %s waits for an identity (%s=%s)", env.pod, ENV_SPARE, env.spare)
+        joins = manager._wait_for_identity()
+    else:
+        # The live table may reach the manager first and already carry newer epochs: an
+        # environment assignment older than what it gave is left out, not raised.
+        joins = manager._start_joins(env.worlds, newest_only=True)
     if wait:
         for join in joins:
             join.done.wait()

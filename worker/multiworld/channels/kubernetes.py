@@ -268,6 +268,9 @@ class KubernetesChannel:
     def _post_event(self, report: BrokenWorldReport) -> None:
         """Best effort: the annotation is what the operator acts on."""
         peer = "" if report.peer_rank is None else f" (peer rank {report.peer_rank})"
+        # The Event is on the spare's own Pod; the member it plays is what a reader looks for.
+        playing = f" (pod {self.pod}, playing {report.plays})" if report.plays else ""
+        message = f"world {report.world} epoch {report.epoch} broken{peer}{playing}: {report.reason}"
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         body: dict[str, Any] = {
             "metadata": {"name": event_name(self.pod), "namespace": self.namespace},
@@ -275,7 +278,7 @@ class KubernetesChannel:
                                "namespace": self.namespace, "uid": self._pod_uid},
             "type": "Warning",
             "reason": "WorldBroken",
-            "message": f"world {report.world} epoch {report.epoch} broken{peer}: {report.reason}"[:EVENT_MESSAGE_MAX],
+            "message": message[:EVENT_MESSAGE_MAX],
             "source": {"component": "multiworld-worker"},
             "firstTimestamp": now,
             "lastTimestamp": now,
