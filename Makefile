@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PY) -c "import torch, kopf, multiworld, multiworld_operator" && touch $@
 
 demo: $(STAMP)
-	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --kill w1:1 --after 5 --duration 30
+	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --spares w1=2 --kill w1:1 --after 8 --duration 30
 
 # pytest exit code 5 means "no tests collected": not a failure of the build. The images are built
 # here, before pytest, so that no test waits minutes for them.

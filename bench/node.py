@@ -1,6 +1,7 @@
 """Recovery on a real node: a world1 worker of the all_gather example killed through the
-container runtime, until world1 runs again; beside it, the single_world example's whole-group
-restart (what LeaderWorkerSet and JobSet do by default) and what the unaffected world saw.
+container runtime, until world1 runs again, with warm spares and without (new pods); beside
+them, the single_world example's whole-group restart (what LeaderWorkerSet and JobSet do by
+default) and what the unaffected world saw.
 
 Runs against a cluster with a node: its own, started in a temp dir (tests/cluster/cluster.py,
 images from tests/cluster/images.py, the chart with the operator image), or a running one given
@@ -11,7 +12,10 @@ Clocks (wall time; the node, the workers and this process share the machine's cl
   `tasks kill`) and stops at the last `joined_at` of world1's new epoch among its ranks, as each
   worker's runtime records it (its status annotation). Each kill takes the other worker of
   world1, after the previous recovery completed; the first restart has no backoff
-  (`initialDelay: 0s`).
+  (`initialDelay: 0s`). world1's recovery replaces both its exclusive pods with new pods.
+- spare_recovery_s: the same clock, with w1 keeping 2 warm spares (as many as world1's
+  exclusive pods): each kill waits until both spares are ready (their workers waiting for an
+  identity), and the killed pod is whichever plays that member pod now.
 - breakdown_s, for the replaced rank that joined last: operator = kill -> its replacement Pod
   seen by a watch; schedule = -> the Pod seen bound to the node; container_start = -> the
   container's process started (its start time in /proc); import = -> the program ready, its
@@ -130,28 +134,36 @@ def process_start(cluster: Any, pod: client.V1Pod) -> float:
 @dataclass
 class Recovery:
     seconds: float
-    breakdown: dict[str, float]
+    # None when no new pod took a rank (warm spares did: they started before the kill).
+    breakdown: dict[str, float] | None
     window: tuple[float, float]
+
+
+def table_entry(core: client.CoreV1Api, namespace: str, name: str, world: str) -> WorldEntry | None:
+    """The world's live table entry (None: out of the table for a moment)."""
+    try:
+        configmap = core.read_namespaced_config_map(world_table_name(name, world), namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return WorldEntry.model_validate_json(configmap.data[TABLE_ENTRY_KEY])
 
 
 def kill_and_time(cluster: Any, core: client.CoreV1Api, namespace: str, name: str, world: str,
                   victim: str, times: PodTimes) -> Recovery:
     before = statuses(core, namespace, name)
     epoch = max(s.joined.get(world, 0) for _, s in before.values() if s is not None) + 1
-    pod, _ = before[f"{name}-{victim}"]
+    entry = wait_for(f"{world} of {name} in the table", lambda: table_entry(core, namespace, name, world))
+    playing = next(p for p in entry.pods if entry.plays.get(p, p) == f"{name}-{victim}")
+    pod, _ = before[playing]
     started = time.time()
     support.signal_container(cluster, pod, "SIGKILL")
 
     def rejoined() -> dict[str, tuple[client.V1Pod, WorkerStatus]] | None:
         """Every rank of the world's table entry joined at the new epoch."""
-        try:
-            configmap = core.read_namespaced_config_map(world_table_name(name, world), namespace)
-        except ApiException as error:
-            if error.status == 404:  # out of the table for a moment
-                return None
-            raise
-        entry = WorldEntry.model_validate_json(configmap.data[TABLE_ENTRY_KEY])
-        if entry.epoch != epoch:
+        entry = table_entry(core, namespace, name, world)
+        if entry is None or entry.epoch != epoch:
             return None
         now = statuses(core, namespace, name)
         ranks = {p: now.get(p, (None, None)) for p in entry.pods}
@@ -163,6 +175,8 @@ def kill_and_time(cluster: Any, core: client.CoreV1Api, namespace: str, name: st
     joined = {p: s.joined_at[world].timestamp() for p, (_, s) in members.items()}
     end = max(joined.values())
     replaced = [p for p, (pod, _) in members.items() if p not in before or before[p][0].metadata.uid != pod.metadata.uid]
+    if not replaced:
+        return Recovery(end - started, None, (started, end))
     last = max(replaced, key=joined.__getitem__)
     pod, status = members[last]
     uid = pod.metadata.uid
@@ -182,14 +196,33 @@ def step_times(core: client.CoreV1Api, namespace: str, pod: str, line: str) -> l
     return stamps
 
 
+def every_pod_up(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    """Whether the MultiWorld has its pods (3 at least) and each one's worker is in its worlds
+    or, a warm spare, waits for an identity."""
+    found = statuses(core, namespace, name)
+    return len(found) >= 3 and all(s is not None and (s.joined or s.waiting) for _, s in found.values())
+
+
+def spares_ready(api: client.ApiClient, namespace: str, name: str, spares: dict[str, int]) -> bool:
+    """Whether every member keeps its warm spares, all ready (the MultiWorld's status says)."""
+    found = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "multiworld.io", "v1alpha1", namespace, "multiworlds", name)
+    shown = (found.get("status") or {}).get("spares") or {}
+    return all(shown.get(member) == f"{count}/{count}" for member, count in spares.items())
+
+
 def run_example(cluster: Any, core: client.CoreV1Api, operator: Any, workdir: Path, example: str, name: str,
-                world: str, victims: list[str], kills: int, times: PodTimes) -> list[Recovery]:
-    path = support.example_manifest(example, name, workdir, interval=INTERVAL_S)
+                world: str, victims: list[str], kills: int, times: PodTimes,
+                spares: dict[str, int] | None = None) -> list[Recovery]:
+    path = support.example_manifest(example, name, workdir, interval=INTERVAL_S, spares=spares)
     support.kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
-    wait_for(f"every rank of {name} joined", lambda: (s := statuses(core, operator.apps, name)) and len(s) >= 3
-             and all(st is not None and st.joined for _, st in s.values()))  # fmt: skip
+    wait_for(f"every rank of {name} joined", lambda: every_pod_up(core, operator.apps, name))
     recoveries = []
     for kill in range(kills):
+        if spares:
+            wait_for(f"the warm spares of {name} ready",
+                     lambda: spares_ready(core.api_client, operator.apps, name, spares)
+                     and every_pod_up(core, operator.apps, name))
         recovery = kill_and_time(cluster, core, operator.apps, name, world, victims[kill % len(victims)], times)
         print(f"{example}: kill {kill + 1}/{kills}: every rank back in {recovery.seconds:.2f} s", file=sys.stderr, flush=True)
         recoveries.append(recovery)
@@ -234,32 +267,40 @@ def main(argv: list[str] | None = None) -> int:
                          if s is not None)  # fmt: skip
             steps = step_times(core, operator.apps, "bench-all-gather-w2-0", "from world2 has gathered tensors")
             delete_example(cluster, core, operator.apps, "bench-all-gather")
+            warm = run_example(cluster, core, operator, Path(scratch), "all_gather", "bench-spares", "world1",
+                               ["w1-1", "w1-0"], args.kills, times, spares={"w1": 2})
+            delete_example(cluster, core, operator.apps, "bench-spares")
             whole = run_example(cluster, core, operator, Path(scratch), "single_world", "bench-single-world", "world",
                                 ["workers-1", "workers-0"], args.kills, times)
             delete_example(cluster, core, operator.apps, "bench-single-world")
     median_gap = statistics.median(common.gaps(steps))
     worst, _ = common.worst_gap_in(steps, [r.window for r in multi])
     recovery = common.Spread.of(r.seconds for r in multi)
+    spare = common.Spread.of(r.seconds for r in warm)
     restart = common.Spread.of(r.seconds for r in whole)
-    breakdown = {stage: statistics.median(r.breakdown[stage] for r in multi) for stage in STAGES}
+    breakdowns = [r.breakdown for r in multi if r.breakdown is not None]
+    breakdown = {stage: statistics.median(b[stage] for b in breakdowns) for stage in STAGES}
     results = {
         "node_recovery_s": recovery.as_dict(),
+        "spare_recovery_s": spare.as_dict(),
         "breakdown_s": breakdown,
         "whole_restart_s": restart.as_dict(),
         "unaffected": {"errors": errors, "worst_gap_ratio": worst / median_gap},
     }
     rows = [[f"{label} (n={n})", common.fmt_s(s.min), common.fmt_s(s.median), common.fmt_s(s.max)]
-            for label, s, n in (("all_gather: world1 back", recovery, len(multi)),
+            for label, s, n in (("all_gather, warm spares: world1 back", spare, len(warm)),
+                                ("all_gather, new pods: world1 back", recovery, len(multi)),
                                 ("single_world: every rank back", restart, len(whole)))]  # fmt: skip
     common.report(
         "recovery on a real node (kill through containerd -> every rank joined the new epoch)",
         load_at_start,
         [common.table(["recovery", "min", "median", "max"], rows),
-         common.table(["stage (median, last rank to join)", "seconds"],
+         common.table(["stage (median, new pods: last rank to join)", "seconds"],
                       [[stage, f"{breakdown[stage]:.3f}"] for stage in STAGES]),
          f"world2 while world1 recovered: {errors} errors; worst step gap {worst:.2f} s "
          f"= {worst / median_gap:.2f}x the median gap ({median_gap:.2f} s)"],
         [common.Target("world2 errors while world1 recovered", errors, 0),
+         common.Target("world1 back with warm spares, median", spare.median, 1.0, "s"),
          common.Target("world1 back, median, vs the whole-group restart", recovery.median / restart.median, 1.0, "x")],
     )
     if args.json:

@@ -190,6 +190,10 @@ class WorldSource:
     def names(self) -> list[str]:
         return list(self._assignments)
 
+    @property
+    def assignments(self) -> list[WorldAssignment]:
+        return list(self._assignments.values())
+
     async def first(self, name: str) -> World:
         return self._hand_out(await self.manager.join_async(self._assignments[name]))
 
@@ -258,11 +262,16 @@ def worker_env(parser: argparse.ArgumentParser, flag: str) -> WorkerEnv:
 def source_from_env(parser: argparse.ArgumentParser, env: WorkerEnv | None = None) -> WorldSource:
     """The worlds of the contract environment (`env`, else read here)."""
     env = env if env is not None else worker_env(parser, "--worldinfo")
-    device = choose_cuda_device([a.backend for a in env.worlds], rank_hint=0)
+    # A warm spare learns its worlds only once it plays a member pod: it takes its GPU now,
+    # when it has one (a pod of a GPU member's template).
+    backends = ["nccl"] if env.spare and torch.cuda.is_available() else [a.backend for a in env.worlds]
+    device = choose_cuda_device(backends, rank_hint=0)
     manager = mw.init_from_env(device=device)
+    # A spare returns from init_from_env in the worlds of the member pod it plays.
+    assignments = env.worlds or [world.assignment for world in manager.worlds().values()]
     # Without a table channel the start-up worlds are final: nothing would ever rebuild them.
     source_type = LiveWorldSource if env.table else WorldSource
-    return source_type(manager, env.worlds)
+    return source_type(manager, assignments)
 
 
 def source_from_assignments(assignments: Sequence[WorldAssignment], backend: str, rank_hint: int) -> WorldSource:

@@ -113,8 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         source = common.source_from_assignments(worlds, args.backend, rank_hint=args.rank)
     else:
         env = common.worker_env(parser, "--rank")
-        router = is_router(env.worlds, parser)
+        # A warm spare has no worlds until it plays a pod: it learns its part in source_from_env.
+        router = env.spare == "" and is_router(env.worlds, parser)
         source = common.source_from_env(parser, env)
+        if env.spare:
+            router = is_router(source.assignments, parser)
     if not router:
         return asyncio.run(run_replica(source, args.seed))
     settings = Settings(requests=args.requests, rate=args.rate, seed=args.seed, check_every=args.check_every,

@@ -43,8 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workdir", type=Path, help="working directory of the members (default: found from the command)")
     run.add_argument("--json", action="store_true", help="end with the summary as one JSON line")
     run.add_argument("--no-view", action="store_true", help="no live view; log state changes instead")
-    run.add_argument("--spares", type=int, default=2, metavar="N",
-                     help="warm spare processes (torch already imported) that replace dead members (0: none)")
+    run.add_argument("--spares", action="append", default=[], metavar="[MEMBER=]N",
+                     help="warm spares of every member (N) or of one (MEMBER=N, repeatable) for this run, overriding "
+                          "spec.members[].spares: processes of the member's command waiting in init_from_env() to "
+                          "replace a dead pod at once (0: none)")
 
     op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")

@@ -22,7 +22,7 @@ def grants(group: str, resources: Iterable[str], verbs: Iterable[str]) -> set[Gr
 OPERATOR_IN_NAMESPACE = (
     grants("multiworld.io", ["multiworlds"], ["get", "list", "watch"])
     | grants("multiworld.io", ["multiworlds/status"], ["patch"])
-    | grants("", ["pods"], ["get", "list", "watch", "create", "delete"])
+    | grants("", ["pods"], ["get", "list", "watch", "create", "delete", "patch"])  # patch: a spare's labels
     | grants("", ["services"], ["get", "list", "watch", "create"])
     | grants("", ["events"], ["create"])
     | grants("networking.k8s.io", ["networkpolicies"], ["get", "create", "patch", "delete"])

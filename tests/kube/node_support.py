@@ -52,9 +52,10 @@ def kubectl(cluster: Cluster, *args: str, check: bool = True) -> str:
 
 
 def example_manifest(example: str, name: str, folder: Path, *, initial_delay: str = "0s",
-                     steps: int = 100000, interval: float = 0.5) -> Path:
+                     steps: int = 100000, interval: float = 0.5, spares: dict[str, int] | None = None) -> Path:
     """examples/<example>/multiworld.yaml as committed, with our worker image (never pulled),
-    its own name, a first restart with no delay and steps enough to outlast the test."""
+    its own name, a first restart with no delay, steps enough to outlast the test, and the warm
+    spares given per member."""
     manifest: dict[str, Any] = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
     manifest["metadata"]["name"] = name
     spec = manifest["spec"]
@@ -65,6 +66,9 @@ def example_manifest(example: str, name: str, folder: Path, *, initial_delay: st
     for world in spec["worlds"]:
         world["failurePolicy"] = {"maxRestarts": 20, "window": "1h",
                                   "backoff": {"initialDelay": initial_delay}}  # fmt: skip
+    for member in spec["members"]:
+        if member["name"] in (spares or {}):
+            member["spares"] = (spares or {})[member["name"]]
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(manifest))
     return path

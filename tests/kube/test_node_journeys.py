@@ -253,8 +253,8 @@ def test_node_bench_reports_recovery_and_its_breakdown(kube_node: Cluster) -> No
                             capture_output=True, text=True, timeout=BENCH_RUN_S, check=False)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(figures) == {"node_recovery_s", "breakdown_s", "whole_restart_s", "unaffected"}
-    for spread in ("node_recovery_s", "whole_restart_s"):
+    assert set(figures) == {"node_recovery_s", "spare_recovery_s", "breakdown_s", "whole_restart_s", "unaffected"}
+    for spread in ("node_recovery_s", "spare_recovery_s", "whole_restart_s"):
         low, middle, high = (figures[spread][k] for k in ("min", "median", "max"))
         assert 0 < low <= middle <= high, figures
     assert set(figures["breakdown_s"]) == {"operator", "schedule", "container_start", "import", "rendezvous"}
@@ -334,6 +334,87 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
         assert world1["phase"] == "Pending" and world1["restarts"] == 0 and world1["epoch"] == 1, world1
         assert [e.reason for e in kube.events(name)].count("WorldWaiting") == 1
         assert kube.status(name)["worlds"]["world2"]["phase"] == "Running"
+    finally:
+        kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
+        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
+
+
+def _spares_ready(kube: KubeNamespace, name: str, member: str, count: int) -> dict[str, client.V1Pod]:
+    """Wait until `member` keeps `count` warm spares, each waiting for an identity; returns them."""
+    wait_for(f"{count} warm spares of {member} ready",
+             lambda: (kube.status(name).get("spares") or {}).get(member) == f"{count}/{count}", WAIT_S)
+    spares = {p: pod for p, pod in kube.pods(name).items()
+              if (pod.metadata.labels or {}).get("multiworld.io/spare") == "true"
+              and "multiworld.io/plays" not in pod.metadata.labels}
+    assert len(spares) == count, sorted(spares)
+    for pod in spares.values():
+        status = _worker_status(pod)
+        assert status is not None and status.waiting and not status.joined, (pod.metadata.name, status)
+    return spares
+
+
+def test_warm_spares_take_a_killed_members_place(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
+                                                 tmp_path: Path) -> None:
+    """w1 keeps two warm spares (world1's exclusive pods: its recovery replaces both). A killed
+    w1 pod's world comes back with the spares playing w1-0 and w1-1 under their own names,
+    labelled and shown in the status; the pool refills; world2 and the leader never notice.
+    Then w1's template changes: the spares of the old template go, and a kill before the new
+    ones are warm takes the old path (pods of the members' own names)."""
+    name = "spares"
+    path = example_manifest("all_gather", name, tmp_path, spares={"w1": 2})
+    kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
+    try:
+        _wait_running(kube, name, {"world1": 1, "world2": 1})
+        spares = _spares_ready(kube, name, "w1", 2)
+        assert sorted(spares) == [f"{name}-w1-spare-a", f"{name}-w1-spare-b"]
+        shown = kubectl(kube_node, "get", "pods", "-n", operator.apps, "-l", "multiworld.io/spare", "--no-headers")
+        assert sorted(line.split()[0] for line in shown.splitlines()) == sorted(spares), shown
+        _wait_log(kube_node, operator, f"{name}-leader-0", "rank: 0 from world1 has gathered tensors: ")
+        before = kube.uids(name)
+
+        signal_container(kube_node, kube.pods(name)[f"{name}-w1-1"], "SIGKILL")
+        status = _wait_running(kube, name, {"world1": 2, "world2": 1})
+        played = status["playedBy"]
+        assert sorted(played) == [f"{name}-w1-0", f"{name}-w1-1"] and set(played.values()) == set(spares), played
+        pods = kube.pods(name)
+        for member_pod, spare in played.items():
+            labels = pods[spare].metadata.labels
+            assert labels["multiworld.io/plays"] == member_pod and labels["multiworld.io/member"] == "w1", labels
+            assert pods[spare].metadata.uid == before[spare], "a spare plays in the pod it was started in"
+            assert member_pod not in pods, f"{member_pod} was created although a spare plays it"
+        for member in ("leader-0", *EXCLUSIVE["world2"]):
+            assert pods[f"{name}-{member}"].metadata.uid == before[f"{name}-{member}"], f"{member} was replaced"
+        table = kube.table(name)["world1"]
+        assert table["pods"][1:] == [played[f"{name}-w1-0"], played[f"{name}-w1-1"]], table
+        _wait_log(kube_node, operator, f"{name}-leader-0", "world1 rejoined at epoch 2")
+        _wait_log(kube_node, operator, played[f"{name}-w1-1"], "rank: 2 has tensor")
+        events = " ".join(e.message for e in kube.events(name) if e.reason == "SpareAssigned")
+        assert f"plays {name}-w1-1" in events and f"plays {name}-w1-0" in events, events
+
+        refilled = _spares_ready(kube, name, "w1", 2)
+        assert sorted(refilled) == [f"{name}-w1-spare-c", f"{name}-w1-spare-d"], sorted(refilled)
+        _assert_world2_untouched(kube_node, operator, kube, name)
+
+        # A new template for w1: its spares of the old one are deleted, and not one plays.
+        manifest = json.loads(kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "-o", "json"))
+        template = manifest["spec"]["template"]
+        (container,) = template["spec"]["containers"]
+        container["env"] = [*container.get("env", []), {"name": "TEMPLATE_EDIT", "value": "1"}]
+        (w1,) = [m for m in manifest["spec"]["members"] if m["name"] == "w1"]
+        members = [{**m, "template": template} if m is w1 else m for m in manifest["spec"]["members"]]
+        kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
+                "-p", json.dumps({"spec": {"members": members}}))
+        wait_for("w1's spares of the old template gone", lambda: not set(refilled) & set(kube.pods(name)), WAIT_S)
+        signal_container(kube_node, kube.pods(name)[played[f"{name}-w1-0"]], "SIGKILL")
+        status = _wait_running(kube, name, {"world1": 3, "world2": 1})
+        assert not status.get("playedBy"), status.get("playedBy")
+        pods = kube.pods(name)
+        for member in EXCLUSIVE["world1"]:
+            env = {e.name: e.value for e in pods[f"{name}-{member}"].spec.containers[0].env or []}
+            assert env.get("TEMPLATE_EDIT") == "1", f"{member} is not of w1's new template"
+        assert not set(played.values()) & set(pods), "the spares that played were not deleted"
+        _spares_ready(kube, name, "w1", 2)
+        _assert_world2_untouched(kube_node, operator, kube, name)
     finally:
         kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
         wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)

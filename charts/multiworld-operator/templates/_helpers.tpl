@@ -68,7 +68,7 @@ their NetworkPolicies (spec.networkPolicy), and post Events. Used by the Cluster
   verbs: ["patch"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "list", "watch", "create"]

@@ -125,6 +125,17 @@ class KubeApi:
             if error.status not in (404, 409):
                 raise
 
+    async def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any] | None:
+        """Add these labels to the pod; the pod as patched, None when it is gone."""
+        try:
+            patched: dict[str, Any] = await self._call(self.core.patch_namespaced_pod, name, namespace,
+                                                       {"metadata": {"labels": labels}}, _content_type=MERGE_PATCH)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return None
+        return patched
+
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read(self.core.read_namespaced_pod, namespace, name)
 

@@ -2,6 +2,9 @@
 
 Pods are `<mw>-<member>-<ordinal>` with hostname `<pod>` and subdomain `<mw>`, so the headless
 Service `<mw>` makes `<pod>.<mw>` resolve inside the namespace even before the pod is ready.
+A warm spare `<mw>-<member>-spare-<serial>` is labelled `multiworld.io/spare`; once it plays a
+member pod it is labelled `multiworld.io/plays` and `multiworld.io/ordinal` too (its hostname
+stays its own name: rendezvous goes through the table, which names the spare).
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from typing import Any
 
 from multiworld.contract import ENV_NAME, ENV_NAMESPACE, NAME_LABEL
 
-from ..planner import CreatePod
+from ..planner import AssignSpare, CreatePod
 from ..spec import GROUP_VERSION, KIND
 
 MEMBER_LABEL = "multiworld.io/member"
 ORDINAL_LABEL = "multiworld.io/ordinal"
+SPARE_LABEL = "multiworld.io/spare"
+PLAYS_LABEL = "multiworld.io/plays"
 # The planner's stamp on each pod instance (CreatePod.created_for), read back when observing.
 CREATED_FOR_ANNOTATION = "multiworld.io/created-for"
 COMPONENT = "multiworld-operator"
@@ -89,7 +94,7 @@ def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]
                 **(template_meta.get("labels") or {}),
                 NAME_LABEL: name,
                 MEMBER_LABEL: action.member,
-                ORDINAL_LABEL: str(action.ordinal),
+                **({SPARE_LABEL: "true"} if action.spare else {ORDINAL_LABEL: str(action.ordinal)}),
             },
             "annotations": {
                 **(template_meta.get("annotations") or {}),
@@ -99,6 +104,11 @@ def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]
         },
         "spec": spec,
     }
+
+
+def plays_labels(action: AssignSpare) -> dict[str, str]:
+    """The labels a warm spare gets when it plays a member pod."""
+    return {PLAYS_LABEL: action.plays, ORDINAL_LABEL: str(action.ordinal)}
 
 
 def network_policy_body(multiworld: Mapping[str, Any], declared_ports: list[dict[str, Any]]) -> dict[str, Any]:

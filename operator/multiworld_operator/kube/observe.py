@@ -169,6 +169,7 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
         return SeenPod(name=meta.name, uid=meta.uid)
     if meta.deletion_timestamp is not None:
         return SeenPod(name=meta.name, uid=meta.uid, terminating=True, reports=_reports(meta))
+    worker = _annotation(meta, STATUS_ANNOTATION, _STATUS)
     return SeenPod(name=meta.name, uid=meta.uid, reports=_reports(meta), observation=PodObservation(
         name=meta.name,
         member=meta.labels.get(MEMBER_LABEL, ""),
@@ -178,7 +179,8 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
         waiting=pod.status.waiting if pod.status.phase == "Pending" else "",
         started=pod.status.started,
         created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
-        joined=_joined(meta),
+        joined=None if worker is None else dict(worker.joined),
+        warm=worker is not None and worker.waiting,
     ))
 
 
@@ -196,11 +198,6 @@ def observe_pods(pods: Iterable[SeenPod]) -> ObservedPods:
 
 def _ordinal(value: str | None) -> int:
     return int(value) if value is not None and value.isdigit() else 0
-
-
-def _joined(meta: ObjectMeta) -> dict[str, int] | None:
-    status = _annotation(meta, STATUS_ANNOTATION, _STATUS)
-    return dict(status.joined) if status is not None else None
 
 
 def _reports(meta: ObjectMeta) -> list[BrokenWorldReport]:

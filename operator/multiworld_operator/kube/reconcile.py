@@ -6,7 +6,8 @@ step repeated, interrupted or run by a freshly restarted operator converges to t
 Execution follows the planner's order: deletes (pods go at once, so a plan that deleted is
 followed by a plan from its status that replaces them, in the same step); the memory (the
 ConfigMap named like the MultiWorld: memory.py); the live table (one ConfigMap per world that
-changed: world_tables.py); creates; the CR's status (the view kubectl shows, written after the
+changed: world_tables.py); creates; the labels of warm spares given a member pod to play (their
+workers learn it from the table); the CR's status (the view kubectl shows, written after the
 creates: on a MultiWorld of thousands of worlds the API server takes a moment over it); Events.
 The memory goes before the table and the creates, so a crash in between leaves the new epoch
 and pod stamps stored, and the next step only publishes and creates what is still missing.
@@ -27,10 +28,18 @@ from kubernetes.client.rest import ApiException
 
 from multiworld.contract import WORLD_LABEL, WorldEntry, WorldTable, world_table_name
 
-from ..planner import CreatePod, MultiWorldStatus, Observation, Plan, merge_patch, plan
+from ..planner import AssignSpare, CreatePod, MultiWorldStatus, Observation, Plan, merge_patch, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
 from .api import KubeApi, each
-from .bodies import declared_ports, network_policy_body, pod_body, rendezvous_host, selector, service_body
+from .bodies import (
+    declared_ports,
+    network_policy_body,
+    plays_labels,
+    pod_body,
+    rendezvous_host,
+    selector,
+    service_body,
+)
 from .memory import memory_body, read_memory
 from .observe import ObjectMeta, ObservedPods, observe_pods
 from .pod_cache import PodCache
@@ -158,6 +167,8 @@ class Reconciler:
             await self._report_create_failures([refused])  # nothing goes out before the memory
         failures = await self._publish(body, result.table)
         failures += [f for f in await each(self._create(body, c, seen) for c in result.creates) if f]
+        # After the table: a spare's labels tell people whom it plays; its worker learns it from the table.
+        await each(self._label_spare(a) for a in result.assigns)
         await self._show(result.status)
         await each(self._event(e.type, e.reason, e.message) for e in events)
         if failures:
@@ -232,6 +243,12 @@ class Reconciler:
             self.pods.changed(False, created)
             return None
         return await self._taken("pod", create.pod, await self.api.read_pod(self.namespace, create.pod))
+
+    async def _label_spare(self, assign: AssignSpare) -> None:
+        """A warm spare that plays a member pod says which, in its labels."""
+        patched = await self.api.label_pod(self.namespace, assign.pod, plays_labels(assign))
+        if patched is not None:
+            self.pods.changed(False, patched)
 
     async def _remember(self, body: Mapping[str, Any], status: MultiWorldStatus) -> str | None:
         """Store the planner's memory; why it could not be, if it could not."""

@@ -7,8 +7,6 @@ it spawned: `multiworld run` leaves no orphan behind.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import os
 import shlex
@@ -90,27 +88,16 @@ class MemberProcess:
         return self.proc.returncode
 
     @classmethod
-    async def start(
-        cls, pod: str, argv: list[str], env: Mapping[str, str], workdir: Path, log_dir: Path,
-        spares: SparePool | None = None,
-    ) -> MemberProcess:
+    async def start(cls, pod: str, argv: list[str], env: Mapping[str, str], workdir: Path, log_dir: Path) -> MemberProcess:
         log_path = log_dir / f"{pod}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-        spare = spares.take() if spares is not None and is_python_script(argv) else None
         with open(log_path, "ab") as out:
-            out.write(f"--- start {shlex.join(argv)}{' (warm spare)' if spare else ''}\n".encode())
+            out.write(f"--- start {shlex.join(argv)}\n".encode())
             out.flush()
-            if spare is not None:
-                order = {"argv": argv, "env": full_env, "cwd": str(workdir), "log": str(log_path)}
-                assert spare.stdin is not None
-                spare.stdin.write(json.dumps(order).encode() + b"\n")
-                await spare.stdin.drain()
-                proc = spare
-            else:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv, cwd=workdir, env=full_env, stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-                )
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=workdir, env=full_env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            )
         log.debug("started %s pid=%d", pod, proc.pid)
         return cls(pod, proc, log_path)
 
@@ -150,66 +137,5 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-# In the environment every process of a run starts with (members and spares alike): the
-# MultiWorld it runs. A spare takes its member's environment later, in-process, which
-# /proc/PID/environ never shows; this variable is there from the start.
+# In the environment every process of a run starts with: the MultiWorld it runs.
 RUN_ENV = "MULTIWORLD_RUN"
-
-
-def is_python_script(argv: list[str]) -> bool:
-    """`<this python> script.py ...`: what a warm spare can become."""
-    return len(argv) >= 2 and argv[0] == sys.executable and argv[1].endswith(".py")
-
-
-class SparePool:
-    """A few warm spares (see `spare.py`), refilled in the background as they are taken."""
-
-    def __init__(self, size: int, log_dir: Path, env: Mapping[str, str]) -> None:
-        self._size = size
-        self._log = log_dir / "spares.log"
-        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-        self._ready: list[asyncio.subprocess.Process] = []
-        self._starting = 0
-        self._all: list[asyncio.subprocess.Process] = []
-        self._taken: set[int] = set()
-
-    def fill(self) -> None:
-        while len(self._ready) + self._starting < self._size:
-            self._starting += 1
-            asyncio.get_running_loop().create_task(self._start_one())
-
-    async def _start_one(self) -> None:
-        try:
-            with open(self._log, "ab") as err:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "multiworld_operator.local.spare",
-                    env=self._env, stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True,
-                )
-            self._all.append(proc)
-            assert proc.stdout is not None
-            if await proc.stdout.readline() == b"ready\n":
-                self._ready.append(proc)
-        finally:
-            self._starting -= 1
-
-    def take(self) -> asyncio.subprocess.Process | None:
-        while self._ready:
-            proc = self._ready.pop(0)
-            if proc.returncode is None:
-                self._taken.add(proc.pid)
-                self.fill()
-                return proc
-        return None
-
-    async def close(self) -> list[int]:
-        """Stop the spares nobody took (taken ones are members, stopped as such); returns
-        their process group ids so the caller can check none outlived this."""
-        self._size = 0
-        idle = [p for p in self._all if p.pid not in self._taken]
-        for proc in idle:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-        self._ready.clear()
-        return [p.pid for p in idle]

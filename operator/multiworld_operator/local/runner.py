@@ -25,21 +25,28 @@ from pydantic import ValidationError
 
 from multiworld.contract import Backend, BrokenWorldReport, WorkerStatus
 
-from ..planner import CreatePod, DeletePod, EmitEvent, MultiWorldStatus, Observation, PodObservation, PublishTable, plan
-from ..spec import MultiWorld, SpecError, load_manifest
+from ..planner import (
+    AssignSpare,
+    CreatePod,
+    DeletePod,
+    EmitEvent,
+    MultiWorldStatus,
+    Observation,
+    PodObservation,
+    PublishTable,
+    plan,
+)
+from ..spec import MultiWorld, SpecError, load_manifest, parse_manifest
 from .channel_server import ChannelServer
 from .faults import FaultSchedule, Kill, planned_kills
 from .gpus import cuda_device_count, gpu_env
 from .processes import (
     RUN_ENV,
     MemberProcess,
-    SparePool,
     TemplateError,
     check_executable,
     container_command,
     find_workdir,
-    group_alive,
-    is_python_script,
 )
 from .summary import RunSummary, WorldTracker
 from .view import LiveView, WorldRow
@@ -69,7 +76,6 @@ class LocalRunner:
         log_dir: Path | None = None,
         workdir: Path | None = None,
         view: LiveView | None = None,
-        spares: int = 2,
     ) -> None:
         self.mw = multiworld
         self.duration = duration
@@ -86,13 +92,13 @@ class LocalRunner:
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"multiworld-{multiworld.name}-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.view = view or LiveView(f"multiworld run {multiworld.name}")
-        # Warm spares replace dead members without an interpreter start or a torch import.
-        uses_spares = spares > 0 and any(is_python_script(argv) for argv, _ in self.commands.values())
         self.run_env = {RUN_ENV: multiworld.name}
-        self.spares = SparePool(spares, self.log_dir, self.run_env) if uses_spares else None
         self.procs: dict[str, MemberProcess] = {}
         self.created_for: dict[str, dict[str, int]] = {}
+        # Per process: its member and ordinal (None: a warm spare, until it plays a member pod).
+        self.members: dict[str, tuple[str, int | None]] = {}
         self.joined: dict[str, dict[str, int]] = {}
+        self.warm: set[str] = set()  # spares whose worker waits for an identity
         self.reports: list[BrokenWorldReport] = []
         self.errors: dict[str, dict[str, int]] = {}  # errors per world, of finished incarnations
         self.live_errors: dict[str, dict[str, int]] = {}  # per pod, of its current incarnation
@@ -126,16 +132,21 @@ class LocalRunner:
             return
         self.joined[status.pod] = dict(status.joined)
         self.live_errors[status.pod] = dict(status.errors)
+        if status.waiting:
+            self.warm.add(status.pod)
+        else:
+            self.warm.discard(status.pod)
         self.changed.set()
 
     def _observe(self) -> Observation:
         pods = []
         for name, proc in self.procs.items():
-            member, ordinal = self.mw.member_of_pod(name)
+            member, ordinal = self.members[name]
             code = proc.returncode
             phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
-            pods.append(PodObservation(name=name, member=member, ordinal=ordinal, phase=phase,
-                                       created_for=self.created_for[name], joined=self.joined.get(name, {})))
+            pods.append(PodObservation(name=name, member=member, ordinal=ordinal or 0, phase=phase,
+                                       created_for=self.created_for[name], joined=self.joined.get(name, {}),
+                                       warm=name in self.warm))
         reports, self.reports = self.reports, []
         return Observation(now=datetime.now(timezone.utc), pods=pods, reports=reports)
 
@@ -148,6 +159,8 @@ class LocalRunner:
                 self.server.publish(action.table)
             elif isinstance(action, CreatePod):
                 await self._create(action)
+            elif isinstance(action, AssignSpare):
+                self.members[action.pod] = (action.member, action.ordinal)
             elif isinstance(action, EmitEvent):
                 self.view.event(f"{action.type} {action.reason}: {action.message}")
 
@@ -164,6 +177,7 @@ class LocalRunner:
             self.errors.setdefault(world, {})
             self.errors[world][pod] = self.errors[world].get(pod, 0) + count
         self.joined.pop(pod, None)
+        self.warm.discard(pod)
 
     async def _create(self, action: CreatePod) -> None:
         if action.pod in self.procs:
@@ -171,9 +185,10 @@ class LocalRunner:
         argv, env = self.commands[action.member]
         contract = action.worker_env(self.table_url).to_env()
         env = {**self.gpu_envs.get(action.pod, {}), **env, **self.run_env, **contract}
-        proc = await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir, self.spares)
+        proc = await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir)
         self.procs[action.pod] = proc
         self.created_for[action.pod] = dict(action.created_for)
+        self.members[action.pod] = (action.member, action.ordinal)
         self.joined[action.pod] = {}
         asyncio.get_running_loop().create_task(self._watch_exit(proc))
 
@@ -185,17 +200,21 @@ class LocalRunner:
 
     # --- faults -------------------------------------------------------------------------
     def _inject(self, kill: Kill) -> None:
-        pods = [p for p in self.mw.pods_of(kill.member) if p in self.procs and self.procs[p].returncode is None]
+        """SIGKILL the process that plays a pod of the member (a warm spare, where one plays it)."""
+        pods = self.mw.pods_of(kill.member)
         if kill.ordinal is not None:
-            pods = [p for p in pods if p == self.mw.pods_of(kill.member)[kill.ordinal]]
+            pods = [pods[kill.ordinal]]
+        playing = {pod: self.status.played_by_pod(pod) if self.status else pod for pod in pods}
+        pods = [p for p in pods if playing[p] in self.procs and self.procs[playing[p]].returncode is None]
         if not pods:
             self.view.event(f"kill {kill.member}{'' if kill.ordinal is None else f':{kill.ordinal}'}: no running pod")
             return
         pod = self.rng.choice(pods)
-        self.view.event(f"injecting failure: SIGKILL {pod}")
+        by = f" (playing {pod})" if playing[pod] != pod else ""
+        self.view.event(f"injecting failure: SIGKILL {playing[pod]}{by}")
         for world in self.mw.worlds_of_pod(pod):
             self.trackers[world].fault_injected(time.monotonic())
-        self.procs[pod].kill()
+        self.procs[playing[pod]].kill()
 
     # --- the loop -----------------------------------------------------------------------
     def _rows(self) -> list[WorldRow]:
@@ -239,8 +258,6 @@ class LocalRunner:
                 # would only test the rendezvous.
                 if self.up_since is None and self.status is not None and self.status.phase == "Running":
                     self.up_since = time.monotonic()
-                    if self.spares is not None:
-                        self.spares.fill()  # now, not during start-up, which they would slow
                 fault_clock = time.monotonic() - self.up_since if self.up_since is not None else -1.0
                 for kill in self.faults.due(fault_clock):
                     self._inject(kill)
@@ -278,9 +295,8 @@ class LocalRunner:
         await asyncio.gather(*(p.stop(STOP_GRACE_S) for p in procs))
         for pod in list(self.procs):
             self._retire(pod)
-        spare_groups = await self.spares.close() if self.spares is not None else []
         await self.server.close()
-        return sum(p.group_alive() for p in procs) + sum(map(group_alive, spare_groups))
+        return sum(p.group_alive() for p in procs)
 
     def summary(self, orphans: int) -> RunSummary:
         worlds = {}
@@ -290,6 +306,25 @@ class LocalRunner:
                 phase=ws.phase if ws else "Pending", epoch=ws.epoch if ws else 1,
                 errors=self._errors_of(world.name))
         return RunSummary(worlds=worlds, orphans=orphans)
+
+
+def with_spares(multiworld: MultiWorld, choices: list[str]) -> MultiWorld:
+    """The MultiWorld with `--spares` applied: `N` for every member, `MEMBER=N` for one (later
+    choices win)."""
+    data = multiworld.model_dump(by_alias=True, exclude_none=True)
+    members = {m["name"]: m for m in data["spec"]["members"]}
+    for choice in choices:
+        member, _, count = choice.rpartition("=")
+        if not count.isdigit():
+            raise ValueError(f"--spares {choice}: expected N or MEMBER=N with N a whole number >= 0")
+        if member and member not in members:
+            raise ValueError(f"--spares {choice}: no member named {member!r} in the manifest")
+        for name in [member] if member else list(members):
+            members[name]["spares"] = int(count)
+    try:
+        return parse_manifest(data)
+    except SpecError as error:
+        raise ValueError("--spares: " + "; ".join(error.problems)) from None
 
 
 def _template_field(multiworld: MultiWorld, member: str) -> str:
@@ -309,8 +344,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         return _fail(f"FILE: {args.file} does not exist")
     try:
         mw = load_manifest(args.file)
-        if args.spares < 0:
-            raise ValueError(f"--spares must be >= 0, got {args.spares}")
+        if args.spares:
+            mw = with_spares(mw, args.spares)
         kills = planned_kills(args.kill, args.after)
         for kill in kills:
             pods = mw.pods_of(kill.member) if kill.member in {m.name for m in mw.spec.members} else None
@@ -321,7 +356,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         view = LiveView(f"multiworld run {mw.name}", live=False if args.no_view else None)
         runner = LocalRunner(mw, manifest_dir=args.file.resolve().parent, kills=kills, chaos_per_minute=args.chaos,
                              duration=args.duration, seed=args.seed, log_dir=args.log_dir, workdir=args.workdir,
-                             view=view, spares=args.spares)
+                             view=view)
     except SpecError as exc:
         return _fail(f"{args.file} is not a valid MultiWorld:\n" + "\n".join(f"  {p}" for p in exc.problems))
     except (ValueError, TemplateError, ValidationError) as exc:

@@ -7,7 +7,8 @@ Public API (stable; both platforms call it the same way):
     result = plan(multiworld, status, Observation(now=..., pods=[...], reports=[...]),
                   endpoint=lambda world, rank0_pod: (host, port),
                   backend_of=None)          # world -> 'nccl'|'gloo'; default: multiworld.backend_of
-    for action in result.actions:           # in order: DeletePod, PublishTable, CreatePod, EmitEvent
+    for action in result.actions:           # in order: DeletePod, AssignSpare, PublishTable,
+                                            # CreatePod, EmitEvent
         ...
     store(result.status)                    # MultiWorldStatus (the planner's memory): .to_dict()
                                             # all of it, .view() the CR's status; merge_patch(old,
@@ -35,6 +36,7 @@ Public API (stable; both platforms call it the same way):
 from .decide import plan
 from .model import (
     Action,
+    AssignSpare,
     CreatePod,
     DeletePod,
     EmitEvent,
@@ -52,6 +54,7 @@ from .status import (
     MultiWorldStatus,
     Phase,
     PodRecord,
+    SpareRecord,
     StatusView,
     WorldPhase,
     WorldStatus,
@@ -61,6 +64,7 @@ from .status import (
 
 __all__ = [
     "Action",
+    "AssignSpare",
     "Condition",
     "CreatePod",
     "DeletePod",
@@ -76,6 +80,7 @@ __all__ = [
     "PodPhase",
     "PodRecord",
     "PublishTable",
+    "SpareRecord",
     "StatusView",
     "WorldPhase",
     "WorldStatus",

@@ -23,8 +23,8 @@ Rules (DESIGN.md, "Recovery semantics"):
   member made from its current template (Running, its worker waiting), instead of a new pod of
   its name; with none ready, a new pod is created as without spares. A spare plays one member pod
   for the rest of its life, keeps its own name, and takes that pod's ranks in the table. The pool
-  refills once no member pod is starting (spares would compete with them); spares of an older
-  template, or beyond the count, are deleted.
+  refills once every member pod of a world that is up has joined it (spares would compete with
+  them for the machine); spares of an older template, or beyond the count, are deleted.
 """
 
 from __future__ import annotations
@@ -474,11 +474,12 @@ class _Planning:
                          template=self.mw.template_of(member), spare=True)
 
     def _member_pods_starting(self) -> bool:
-        """Whether a member pod of a world that is up has no running instance yet."""
+        """Whether a member pod of a world that is up has not joined it yet (a local process
+        runs from the moment it is spawned: its imports are still ahead of it)."""
         for pod in self.pods:
-            if any(self.worlds[w].up for w in self.pod_worlds[pod]):
-                seen = self._current(pod)
-                if seen is None or seen.phase == "Pending":
+            for world in self.pod_worlds[pod]:
+                state = self.worlds[world]
+                if state.up and not self._ready(pod, world, state.epoch):
                     return True
         return False
 
