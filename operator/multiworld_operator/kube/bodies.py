@@ -16,7 +16,7 @@ from typing import Any
 
 from multiworld.contract import ENV_NAME, ENV_NAMESPACE, NAME_LABEL
 
-from ..planner import AssignSpare, CreatePod
+from ..planner import CreatePod
 from ..spec import GROUP_VERSION, KIND
 
 MEMBER_LABEL = "multiworld.io/member"
@@ -106,9 +106,9 @@ def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
-def plays_labels(action: AssignSpare) -> dict[str, str]:
-    """The labels a warm spare gets when it plays a member pod."""
-    return {PLAYS_LABEL: action.plays, ORDINAL_LABEL: str(action.ordinal)}
+def plays_labels(pod: str, ordinal: int) -> dict[str, str]:
+    """The labels a warm spare gets when it plays member pod `pod`."""
+    return {PLAYS_LABEL: pod, ORDINAL_LABEL: str(ordinal)}
 
 
 def network_policy_body(multiworld: Mapping[str, Any], declared_ports: list[dict[str, Any]]) -> dict[str, Any]:

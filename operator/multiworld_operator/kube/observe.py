@@ -27,7 +27,7 @@ from multiworld.contract import (
 )
 
 from ..planner import PodObservation, PodPhase
-from .bodies import CREATED_FOR_ANNOTATION, MEMBER_LABEL, ORDINAL_LABEL
+from .bodies import CREATED_FOR_ANNOTATION, MEMBER_LABEL, ORDINAL_LABEL, PLAYS_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,8 @@ class SeenPod(BaseModel):
     # Ours and being deleted (with a grace period: a pod deleted at once is gone).
     terminating: bool = False
     reports: list[BrokenWorldReport] = Field(default_factory=list)
+    # A warm spare's label: the member pod it plays ("" when it plays none, or is no spare).
+    plays: str = ""
 
 
 def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
@@ -170,7 +172,7 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
     if meta.deletion_timestamp is not None:
         return SeenPod(name=meta.name, uid=meta.uid, terminating=True, reports=_reports(meta))
     worker = _annotation(meta, STATUS_ANNOTATION, _STATUS)
-    return SeenPod(name=meta.name, uid=meta.uid, reports=_reports(meta), observation=PodObservation(
+    observation = PodObservation(
         name=meta.name,
         member=meta.labels.get(MEMBER_LABEL, ""),
         ordinal=_ordinal(meta.labels.get(ORDINAL_LABEL)),
@@ -181,7 +183,9 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
         created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
         joined=None if worker is None else dict(worker.joined),
         warm=worker is not None and worker.waiting,
-    ))
+    )
+    return SeenPod(name=meta.name, uid=meta.uid, reports=_reports(meta), plays=meta.labels.get(PLAYS_LABEL, ""),
+                   observation=observation)
 
 
 def observe_pods(pods: Iterable[SeenPod]) -> ObservedPods:

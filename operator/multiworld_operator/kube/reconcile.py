@@ -28,7 +28,7 @@ from kubernetes.client.rest import ApiException
 
 from multiworld.contract import WORLD_LABEL, WorldEntry, WorldTable, world_table_name
 
-from ..planner import AssignSpare, CreatePod, MultiWorldStatus, Observation, Plan, merge_patch, plan
+from ..planner import CreatePod, MultiWorldStatus, Observation, Plan, merge_patch, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
 from .api import KubeApi, each
 from .bodies import (
@@ -167,8 +167,7 @@ class Reconciler:
             await self._report_create_failures([refused])  # nothing goes out before the memory
         failures = await self._publish(body, result.table)
         failures += [f for f in await each(self._create(body, c, seen) for c in result.creates) if f]
-        # After the table: a spare's labels tell people whom it plays; its worker learns it from the table.
-        await each(self._label_spare(a) for a in result.assigns)
+        await self._label_spares(multiworld, result.status)
         await self._show(result.status)
         await each(self._event(e.type, e.reason, e.message) for e in events)
         if failures:
@@ -244,11 +243,18 @@ class Reconciler:
             return None
         return await self._taken("pod", create.pod, await self.api.read_pod(self.namespace, create.pod))
 
-    async def _label_spare(self, assign: AssignSpare) -> None:
-        """A warm spare that plays a member pod says which, in its labels."""
-        patched = await self.api.label_pod(self.namespace, assign.pod, plays_labels(assign))
-        if patched is not None:
-            self.pods.changed(False, patched)
+    async def _label_spares(self, multiworld: MultiWorld, status: MultiWorldStatus) -> None:
+        """A warm spare that plays a member pod says which in its labels, for people (its
+        worker learns it from the table, written before)."""
+        plays = {pod.name: pod.plays for pod in self.pods.pods()}
+
+        async def label(pod: str, spare: str) -> None:
+            _, ordinal = multiworld.member_of_pod(pod)
+            patched = await self.api.label_pod(self.namespace, spare, plays_labels(pod, ordinal))
+            if patched is not None:
+                self.pods.changed(False, patched)
+
+        await each(label(pod, spare) for pod, spare in status.played_by.items() if plays.get(spare, pod) != pod)
 
     async def _remember(self, body: Mapping[str, Any], status: MultiWorldStatus) -> str | None:
         """Store the planner's memory; why it could not be, if it could not."""

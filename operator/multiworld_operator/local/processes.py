@@ -88,7 +88,9 @@ class MemberProcess:
         return self.proc.returncode
 
     @classmethod
-    async def start(cls, pod: str, argv: list[str], env: Mapping[str, str], workdir: Path, log_dir: Path) -> MemberProcess:
+    async def start(
+        cls, pod: str, argv: list[str], env: Mapping[str, str], workdir: Path, log_dir: Path,
+    ) -> MemberProcess:
         log_path = log_dir / f"{pod}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
         with open(log_path, "ab") as out:

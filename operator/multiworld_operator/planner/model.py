@@ -82,8 +82,8 @@ class CreatePod(_Model):
 
 
 class AssignSpare(_Model):
-    """Warm spare `pod` now plays member pod `plays` (the live table says so to its worker);
-    platforms label it with that identity."""
+    """Warm spare `pod` now plays member pod `plays`: the live table tells its worker, and
+    `status.played_by` keeps it (the operator labels spares from there)."""
 
     action: Literal["assign"] = "assign"
     pod: str
