@@ -224,7 +224,7 @@ def run_example(cluster: Any, core: client.CoreV1Api, operator: Any, workdir: Pa
                      lambda: spares_ready(core.api_client, operator.apps, name, spares)
                      and every_pod_up(core, operator.apps, name))
         recovery = kill_and_time(cluster, core, operator.apps, name, world, victims[kill % len(victims)], times)
-        print(f"{example}: kill {kill + 1}/{kills}: every rank back in {recovery.seconds:.2f} s", file=sys.stderr, flush=True)
+        print(f"{name}: kill {kill + 1}/{kills}: every rank back in {recovery.seconds:.2f} s", file=sys.stderr, flush=True)
         recoveries.append(recovery)
     return recoveries
 
