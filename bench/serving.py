@@ -47,7 +47,8 @@ ROUTER_POD = f"{NAME}-router-0"
 BIN_S = 0.1
 P99_RATIO_LIMIT = 3.0
 DIP_LIMIT_S = 1.0
-KILLED = re.compile(rf"injecting failure: SIGKILL {NAME}-replica(\d+)-0")
+# The pod killed, or the warm spare playing it: "SIGKILL <spare> (playing <pod>)".
+KILLED = re.compile(rf"injecting failure: SIGKILL (?:\S+ \(playing )?{NAME}-replica(\d+)-0")
 # Added to a run's expected length for its cap, should it never end by itself: start-up and
 # slow recoveries on a busy machine.
 RUN_SLACK_S = 180.0
@@ -63,7 +64,7 @@ def parse_args(argv: Sequence[str] | None) -> Any:
                    help="seconds of the steady window before the first kill (default 10; 3 with --quick)")
     p.add_argument("--warmup", type=common.positive(float), default=None,
                    help="seconds after every world first ran before the steady window, while the runner "
-                        "starts its warm spares (default 5; 3 with --quick)")
+                        "starts its warm spares, one per replica (default 5; 3 with --quick)")
     p.add_argument("--capacity-requests", type=common.positive(int), default=None,
                    help="requests of the capacity run (default 3000; 300 with --quick)")
     p.add_argument("--keep-logs", action="store_true", help="keep the members' logs and traces (their folder is printed)")
@@ -84,14 +85,14 @@ def parse_args(argv: Sequence[str] | None) -> Any:
 
 
 def write_manifest(path: Path, replicas: int, flags: list[str]) -> None:
-    """The example's manifest with `replicas` replicas (a member and a world each), the router's
-    flags given."""
+    """The example's manifest with `replicas` replicas (a member and a world each, and one warm
+    spare each: a replica is its world's only exclusive pod), the router's flags given."""
     import yaml
 
     doc = yaml.safe_load(MANIFEST.read_text())
     doc["metadata"]["name"] = NAME
     spec = doc["spec"]
-    spec["members"] = [{"name": "router"}] + [{"name": f"replica{k}"} for k in range(1, replicas + 1)]
+    spec["members"] = [{"name": "router"}] + [{"name": f"replica{k}", "spares": 1} for k in range(1, replicas + 1)]
     spec["worlds"] = [{"name": f"world{k}", "ranks": ["router", f"replica{k}"]} for k in range(1, replicas + 1)]
     spec["template"]["spec"]["containers"][0]["args"] = flags
     path.write_text(yaml.safe_dump(doc))

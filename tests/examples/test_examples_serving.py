@@ -130,7 +130,7 @@ def test_through_multiworld_run_a_killed_replica_comes_back_and_serves_again(tmp
     manifest = local_manifest(tmp_path, ["--requests", str(requests), "--rate", str(rate), "--seed", str(SEED),
                                          "--trace", str(trace)])
     run = ExampleProcess("multiworld run", ["-m", "multiworld_operator.cli", "run", str(manifest), "--json",
-                                            "--no-view", "--spares", "1", "--log-dir", str(tmp_path / "logs"),
+                                            "--no-view", "--spares", "replica1=1", "--log-dir", str(tmp_path / "logs"),
                                             "--kill", "replica1", "--after", "2"])
     assert run.wait() == 0, run.output()
     result = json.loads(next(line for line in reversed(run.lines) if line.startswith('{"worlds"')))
