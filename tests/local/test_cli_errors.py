@@ -54,6 +54,19 @@ def test_bad_kill_flags_name_the_flag(tmp_path, flags, message):
     assert message in result.stderr
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--spares", "nobody=1"], "--spares nobody=1: no member named 'nobody'"),
+    (["--spares", "w1=two"], "--spares w1=two: expected N or MEMBER=N"),
+    (["--spares=-1"], "--spares -1: expected N or MEMBER=N"),
+    (["--spares", "w1=65"], "--spares: spec.members[1].spares: Input should be less than or equal to 64"),
+])
+def test_bad_spares_flags_name_the_flag(tmp_path, flags, message):
+    result = run_cli(tmp_path, GOOD, *flags)
+    assert result.returncode == 2
+    assert message in result.stderr, result.stderr
+    assert "member logs" not in result.stderr
+
+
 def test_missing_file_is_named(tmp_path):
     result = subprocess.run([sys.executable, "-m", "multiworld_operator.cli", "run", str(tmp_path / "nope.yaml")],
                             capture_output=True, text=True, timeout=60)

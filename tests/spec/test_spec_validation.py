@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from multiworld_operator.spec import SpecError, load_manifest, parse_duration, parse_manifest
+from multiworld_operator.spec import SpecError, load_manifest, parse_duration, parse_manifest, spare_name
 
 GPU_TEMPLATE = {
     "spec": {"containers": [{"name": "w", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}
@@ -142,6 +142,29 @@ def test_pod_name_limit_counts_the_highest_ordinal() -> None:
         f"spec.members[0].name: pod name '{'m' * 58}-a-999' is 64 characters; "
         "<name>-<member>-<ordinal> must fit in 63"
     ]
+
+
+def test_spare_names_must_fit_a_label_and_spares_have_a_maximum() -> None:
+    data = manifest(members=[{"name": "a", "spares": 2}, {"name": "b"}], worlds=[{"name": "pair", "ranks": ["a", "b"]}])
+    data["metadata"]["name"] = "m" * 50  # m...m-a-spare-aaaa is 63 characters: fits
+    parse_manifest(data)
+    data["metadata"]["name"] = "m" * 51
+    assert problems_of(data) == [
+        f"spec.members[0].spares: spare pod names '{'m' * 51}-a-spare-aaaa' would be 64 characters; "
+        "<name>-<member>-spare-<serial> must fit in 63 (a shorter member or MultiWorld name)"
+    ]
+    data["spec"]["members"][0]["spares"] = 0  # no spares, no spare names
+    parse_manifest(data)
+    data["metadata"]["name"] = "demo"
+    data["spec"]["members"][0]["spares"] = 65
+    assert problems_of(data) == ["spec.members[0].spares: Input should be less than or equal to 64"]
+
+
+def test_spare_names_end_in_letters_and_never_repeat() -> None:
+    names = [spare_name("mw", "w1", serial) for serial in range(26 * 27 + 1)]
+    assert names[:3] == ["mw-w1-spare-a", "mw-w1-spare-b", "mw-w1-spare-c"]
+    assert names[25:28] == ["mw-w1-spare-z", "mw-w1-spare-aa", "mw-w1-spare-ab"]
+    assert len(set(names)) == len(names) and all(n[-1].isalpha() for n in names)
 
 
 @pytest.mark.parametrize(("path", "value", "problem"), [
