@@ -595,3 +595,104 @@ def test_condition_transition_time_only_moves_on_change() -> None:
 def test_create_pod_round_trips_as_json() -> None:
     create = Sim(seed_topology()).plan().creates[0]
     assert CreatePod.model_validate_json(create.model_dump_json()) == create
+
+
+# -- warm spares ------------------------------------------------------------------------------
+
+
+def with_spares(w1_spares: int = 2, template: dict | None = None) -> Sim:
+    """The seed topology with w1 keeping warm spares, every pod and spare running."""
+    members = [{"name": "leader"}, {"name": "w1", "replicas": 2, "spares": w1_spares}, {"name": "w2"}]
+    if template is not None:
+        members[1]["template"] = template
+    sim = Sim(make(members, [{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["leader", "w2"]}]))
+    sim.settle()
+    sim.start_all()
+    sim.step()
+    return sim
+
+
+def test_spares_wait_until_the_members_run_then_fill_the_pool() -> None:
+    sim = Sim(with_spares().mw)
+    assert not [c for c in sim.step().creates if c.spare], "spares compete with the first start"
+    sim.start_all()
+    result = sim.step()
+    spares = [c for c in result.creates if c.spare]
+    assert [c.pod for c in spares] == ["mw-w1-spare-a", "mw-w1-spare-b"]
+    for create in spares:
+        assert create.worlds == [] and create.created_for == {} and create.template == sim.mw.template_of("w1")
+        assert create.worker_env("local://127.0.0.1:4000").spare == "w1"
+    assert result.status.spares == {"w1": "0/2"}
+    sim.start_all()
+    assert sim.step().status.spares == {"w1": "2/2"}
+
+
+def test_a_failed_world_is_played_by_ready_spares_and_the_pool_refills() -> None:
+    sim = with_spares()
+    sim.fail(W1_1)
+    result = sim.step()
+    assert {(a.pod, a.plays) for a in result.assigns} == {("mw-w1-spare-a", W1_0), ("mw-w1-spare-b", W1_1)}
+    assert not [c for c in result.creates if not c.spare], "a pod was created although spares were ready"
+    (entry,) = [w for w in result.table.worlds if w.name == "world1"]
+    assert entry.epoch == 2 and entry.pods == [LEADER, "mw-w1-spare-a", "mw-w1-spare-b"]
+    assert entry.plays == {"mw-w1-spare-a": W1_0, "mw-w1-spare-b": W1_1}
+    assert entry.instances == {LEADER: 1, "mw-w1-spare-a": 2, "mw-w1-spare-b": 2}
+    assert {d.pod: d.reason for d in result.deletes}[W1_0] == "replaced by warm spare mw-w1-spare-a"
+    assert result.status.view()["playedBy"] == {W1_0: "mw-w1-spare-a", W1_1: "mw-w1-spare-b"}
+    assert ("SpareAssigned", None) in reasons(sim)
+    sim.start_all()
+    refill = sim.step()
+    assert sim.world_phase("world1") == "Running"
+    assert sorted(c.pod for c in refill.creates if c.spare) == ["mw-w1-spare-c", "mw-w1-spare-d"]
+    # A spare that plays fails like the pod it plays; the spare that took its place is new.
+    sim.start_all()
+    sim.step()
+    sim.fail("mw-w1-spare-b")
+    failed = sim.step()
+    assert sim.status is not None and sim.status.worlds["world1"].last_failure is not None
+    assert sim.status.worlds["world1"].last_failure.pod == "mw-w1-spare-b"
+    assert {d.pod for d in failed.deletes} == {"mw-w1-spare-a", "mw-w1-spare-b"}
+    assert not failed.assigns, "a world waiting out its backoff takes no spare"
+    sim.advance(1)  # the second restart within the window waits 1 s
+    result = sim.step()
+    assert {a.plays: a.pod for a in result.assigns} == {W1_0: "mw-w1-spare-c", W1_1: "mw-w1-spare-d"}
+
+
+def test_without_a_ready_spare_the_pod_is_created_as_before() -> None:
+    sim = with_spares()
+    sim.set_phase("mw-w1-spare-a", "Pending")
+    sim.pods["mw-w1-spare-b"] = sim.pods["mw-w1-spare-b"].model_copy(update={"warm": False})
+    sim.fail(W1_1)
+    sim.step()
+    result = sim.step()
+    assert not result.assigns
+    assert sorted(c.pod for c in result.creates) == [W1_0, W1_1]
+
+
+def test_spares_of_an_older_template_are_deleted_and_never_play() -> None:
+    sim = with_spares()
+    edited = {"spec": {"containers": [{"name": "c", "image": "y"}]}}
+    sim.mw = with_spares(template=edited).mw
+    sim.fail(W1_1)
+    result = sim.step()
+    assert not result.assigns
+    deleted = {d.pod: d.reason for d in result.deletes}
+    assert deleted["mw-w1-spare-a"] == "a warm spare of an older template of member w1"
+    sim.step()
+    sim.start_all()
+    sim.step()
+    sim.start_all()
+    assert sim.step().status.spares == {"w1": "2/2"}
+    assert all(sim.mw.template_digest("w1") == s.template for s in sim.status.spare_pool.values())
+
+
+def test_spares_go_when_their_members_worlds_are_done_and_zero_spares_changes_nothing() -> None:
+    sim = with_spares()
+    for pod in (LEADER, W1_0, W1_1, W2_0):
+        sim.set_phase(pod, "Succeeded")
+    result = sim.step()
+    assert sim.world_phase("world1") == "Succeeded"
+    assert sorted(d.pod for d in result.deletes) == ["mw-w1-spare-a", "mw-w1-spare-b"]
+    plain, spared = running(), with_spares(0)
+    assert plain.status is not None and spared.status is not None
+    assert spared.status.view() == plain.status.view() and not spared.status.spare_pool

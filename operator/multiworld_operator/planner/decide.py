@@ -49,6 +49,7 @@ from .model import (
     PublishTable,
 )
 from .status import (
+    UP_PHASES,
     Condition,
     ConditionStatus,
     Failure,
@@ -447,8 +448,8 @@ class _Planning:
                 why = f"a warm spare of member {spare.member}, no longer in the spec"
             elif spare.template != self.mw.template_digest(member.name):
                 why = f"a warm spare of an older template of member {member.name}"
-            elif len(kept[member.name]) >= member.spares:
-                why = f"a warm spare beyond the {member.spares} member {member.name} keeps"
+            elif len(kept[member.name]) >= self._spares_wanted(member.name):
+                why = f"a warm spare beyond the {self._spares_wanted(member.name)} member {member.name} keeps now"
             if why is None:
                 assert member is not None
                 kept[member.name].append(name)
@@ -462,12 +463,18 @@ class _Planning:
         if self._member_pods_starting():
             return
         for member in members.values():
-            for _ in range(member.spares - len(kept[member.name])):
+            for _ in range(self._spares_wanted(member.name) - len(kept[member.name])):
                 name = spare_name(self.mw.name, member.name, self.spare_serial)
                 self.pool[name] = SpareRecord(member=member.name, template=self.mw.template_digest(member.name),
                                               serial=self.spare_serial)
                 self.spare_serial += 1
                 self.creates.append(self._create_spare(name, member.name))
+
+    def _spares_wanted(self, member: str) -> int:
+        """The member's `spares` while one of its worlds may still need a pod (is not Failed or
+        Succeeded); else none."""
+        worlds = self.mw.worlds_of_member(member)
+        return self.mw.member(member).spares if any(self.worlds[w].phase in UP_PHASES for w in worlds) else 0
 
     def _create_spare(self, name: str, member: str) -> CreatePod:
         return CreatePod(pod=name, member=member, ordinal=None, created_for={}, worlds=[],
@@ -509,7 +516,8 @@ class _Planning:
             table=table,
             pods=self.records,
             played_by={pod: r.spare for pod, r in self.records.items() if r.spare},
-            spares={m.name: f"{self._ready_spares(m.name)}/{m.spares}" for m in self.mw.spec.members if m.spares},
+            spares={m.name: f"{self._ready_spares(m.name)}/{self._spares_wanted(m.name)}"
+                    for m in self.mw.spec.members if m.spares},
             spare_pool=self.pool,
             spare_serial=self.spare_serial,
         )
