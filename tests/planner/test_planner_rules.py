@@ -696,3 +696,15 @@ def test_spares_go_when_their_members_worlds_are_done_and_zero_spares_changes_no
     plain, spared = running(), with_spares(0)
     assert plain.status is not None and spared.status is not None
     assert spared.status.view() == plain.status.view() and not spared.status.spare_pool
+
+
+def test_a_spare_that_plays_rank_0_hosts_the_rendezvous_under_its_own_name() -> None:
+    sim = Sim(make([{"name": "a", "spares": 1}, {"name": "b"}], [{"name": "w", "ranks": ["a", "b"]}]))
+    sim.settle()
+    sim.start_all()
+    sim.step()
+    sim.start_all()
+    sim.fail("mw-a-0")
+    (entry,) = sim.step().table.worlds
+    assert entry.pods == ["mw-a-spare-a", "mw-b-0"] and entry.host == "mw-a-spare-a.svc"
+    assert entry.assignment("mw-a-spare-a").rank == 0

@@ -178,6 +178,7 @@ class LocalRunner:
             self.errors[world][pod] = self.errors[world].get(pod, 0) + count
         self.joined.pop(pod, None)
         self.warm.discard(pod)
+        self.members.pop(pod, None)  # a spare's name never comes back
 
     async def _create(self, action: CreatePod) -> None:
         if action.pod in self.procs:
