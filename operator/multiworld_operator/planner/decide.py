@@ -435,6 +435,7 @@ class _Planning:
         are dropped, outdated or surplus ones deleted, missing ones created (once no member pod
         is starting)."""
         members = {m.name: m for m in self.mw.spec.members}
+        wanted = {name: self._spares_wanted(name) for name, m in members.items() if m.spares}
         kept: dict[str, list[str]] = {name: [] for name in members}
         for name, spare in sorted(self.pool.items(), key=lambda item: item[1].serial):
             seen = self.observed.get(name)
@@ -448,8 +449,8 @@ class _Planning:
                 why = f"a warm spare of member {spare.member}, no longer in the spec"
             elif spare.template != self.mw.template_digest(member.name):
                 why = f"a warm spare of an older template of member {member.name}"
-            elif len(kept[member.name]) >= self._spares_wanted(member.name):
-                why = f"a warm spare beyond the {self._spares_wanted(member.name)} member {member.name} keeps now"
+            elif len(kept[member.name]) >= wanted.get(member.name, 0):
+                why = f"a warm spare beyond the {wanted.get(member.name, 0)} member {member.name} keeps now"
             if why is None:
                 assert member is not None
                 kept[member.name].append(name)
@@ -460,15 +461,16 @@ class _Planning:
             del self.pool[name]
             if seen is not None:
                 self.deletes.append(DeletePod(pod=name, reason=why))
-        if self._member_pods_starting():
+        missing = {member: count - len(kept[member]) for member, count in wanted.items() if count > len(kept[member])}
+        if not missing or self._member_pods_starting():
             return
-        for member in members.values():
-            for _ in range(self._spares_wanted(member.name) - len(kept[member.name])):
-                name = spare_name(self.mw.name, member.name, self.spare_serial)
-                self.pool[name] = SpareRecord(member=member.name, template=self.mw.template_digest(member.name),
+        for member, count in missing.items():
+            for _ in range(count):
+                name = spare_name(self.mw.name, member, self.spare_serial)
+                self.pool[name] = SpareRecord(member=member, template=self.mw.template_digest(member),
                                               serial=self.spare_serial)
                 self.spare_serial += 1
-                self.creates.append(self._create_spare(name, member.name))
+                self.creates.append(self._create_spare(name, member))
 
     def _spares_wanted(self, member: str) -> int:
         """The member's `spares` while one of its worlds may still need a pod (is not Failed or
