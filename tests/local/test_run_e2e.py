@@ -185,3 +185,30 @@ def test_chaos_kills_members_and_the_worlds_recover(tmp_path):
     assert sum(w["recoveries"] for w in worlds) >= 1, summary["_output"]
     assert {w["phase"] for w in worlds} <= {"Running", "Recovering"}, summary["_output"]
     assert summary["_rc"] == 0
+
+
+SPARED = dict(SEED, members=[{"name": "leader"}, {"name": "w1", "replicas": 2, "spares": 2},
+                             {"name": "w2", "replicas": 2}])
+
+
+def test_the_manifests_spares_take_the_killed_worlds_places(tmp_path):
+    """spares: 2 on w1, no flag: world1 comes back with both spares playing its w1 pods (each a
+    process of w1's own command, started ahead of the kill), and no new process of a w1 pod."""
+    summary = run(manifest(tmp_path, **SPARED), tmp_path, "--kill", "w1:1", "--after", "8", "--duration", "40")
+    recovered_once(summary, "world1")
+    name = run_name(tmp_path)
+    out = summary["_stderr"]
+    for pod in ("w1-0", "w1-1"):
+        assert re.search(rf"SpareAssigned: warm spare {name}-w1-spare-[ab] plays {name}-{pod} ", out), out
+        assert (tmp_path / "logs" / f"{name}-{pod}.log").read_text().count("--- start") == 1, "a w1 pod was restarted"
+    spare_log = (tmp_path / "logs" / f"{name}-w1-spare-a.log").read_text()
+    assert spare_log.count("--- start") == 1 and "from world1 has gathered tensors" in spare_log, spare_log
+    world2 = summary["worlds"]["world2"]
+    assert (world2["failures"], world2["errors"], world2["epoch"]) == (0, 0, 1), out
+
+
+def test_spares_flag_overrides_the_manifest(tmp_path):
+    summary = run(manifest(tmp_path, **SPARED), tmp_path, "--spares", "w1=0", "--kill", "w1:1", "--after", "5",
+                  "--duration", "40")
+    recovered_once(summary, "world1")
+    assert "SpareAssigned" not in summary["_stderr"] and "spare" not in " ".join(os.listdir(tmp_path / "logs"))

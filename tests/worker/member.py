@@ -180,6 +180,9 @@ def collectives(args: dict[str, Any]) -> None:
 
     asyncio.run(awaited())
     emit("results", ranks={n: w.rank for n, w in worlds.items()}, results=results, status=manager.status().model_dump(mode="json"))
+    # A member that leaves breaks its worlds for the others: the last op may still be finishing
+    # on a peer. The test says when every member has its results.
+    sys.stdin.readline()
     manager.close()
 
 

@@ -62,4 +62,6 @@ def test_every_op_in_two_worlds_at_once(spawn, backend: str) -> None:
                 if rank == 0:
                     assert got["reduce"] == [4.0], f"{world} {mode} reduce on rank 0"
     for member in members:
+        member.tell("close")
+    for member in members:
         assert member.wait_exit() == 0, member.stderr()
