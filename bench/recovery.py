@@ -67,7 +67,6 @@ VICTIM = "w1:1"
 EXCLUSIVE_PODS = (f"{NAME}-w1-0", f"{NAME}-w1-1")
 # The runner's warm spares unless --spares says otherwise: one per exclusive pod of world1.
 DEFAULT_SPARES = [f"w1={len(EXCLUSIVE_PODS)}"]
-SPARES_CHOICE = re.compile(r"^(?:([^=]+)=)?(\d+)$")
 LEADER_POD = f"{NAME}-leader-0"
 RECOVERY_LIMIT_S = 3.0
 GAP_LIMIT = 3.0
@@ -102,21 +101,16 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--keep-logs", action="store_true", help="keep the members' logs (their folder is printed)")
     args = p.parse_args(argv)
     args.kills = args.kills or (1 if args.quick else 5)
-    members = seed_members()
-    for choice in args.spares or []:
-        m = SPARES_CHOICE.match(choice)
-        if m is None:
-            p.error(f"--spares {choice}: expected N or MEMBER=N with N a whole number >= 0")
-        if m.group(1) is not None and m.group(1) not in members:
-            p.error(f"--spares {choice}: no member named {m.group(1)!r} (members: {', '.join(members)})")
     args.spares = args.spares or list(DEFAULT_SPARES)
+    # Checked here, as the runner will read them, so that a bad choice fails before any run.
+    from multiworld_operator.local.runner import with_spares
+    from multiworld_operator.spec import load_manifest
+
+    try:
+        with_spares(load_manifest(SEED_MANIFEST), args.spares)
+    except ValueError as error:
+        p.error(str(error))
     return args
-
-
-def seed_members() -> list[str]:
-    import yaml
-
-    return [m["name"] for m in yaml.safe_load(SEED_MANIFEST.read_text())["spec"]["members"]]
 
 
 # ---- the launcher (inside each member) ---------------------------------------------------------

@@ -246,6 +246,8 @@ class Reconciler:
     async def _label_spares(self, multiworld: MultiWorld, status: MultiWorldStatus) -> None:
         """A warm spare that plays a member pod says which in its labels, for people (its
         worker learns it from the table, written before)."""
+        if not status.played_by:
+            return
         plays = {pod.name: pod.plays for pod in self.pods.pods()}
 
         async def label(pod: str, spare: str) -> None:

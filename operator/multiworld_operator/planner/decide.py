@@ -58,6 +58,7 @@ from .status import (
     PodRecord,
     SpareRecord,
     WorldStatus,
+    played_by,
 )
 
 
@@ -292,9 +293,7 @@ class _Planning:
         return found
 
     def _playing(self, pod: str) -> str:
-        """The pod that plays member pod `pod`: a warm spare, or the pod of that name."""
-        record = self.records.get(pod)
-        return record.spare if record is not None and record.spare else pod
+        return played_by(self.records, pod)
 
     def _reconcile_pods(self, table: WorldTable) -> None:
         for pod in self.pods:

@@ -133,8 +133,7 @@ class MultiWorldStatus(StatusView):
 
     def played_by_pod(self, pod: str) -> str:
         """The pod that plays member pod `pod` now: a warm spare, or the pod of that name."""
-        record = self.pods.get(pod)
-        return record.spare if record is not None and record.spare else pod
+        return played_by(self.pods, pod)
 
     def to_dict(self) -> dict[str, Any]:
         """All of it, JSON-ready with camelCase keys."""
@@ -161,6 +160,12 @@ class MultiWorldStatus(StatusView):
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
+
+
+def played_by(records: Mapping[str, PodRecord], pod: str) -> str:
+    """The pod that plays member pod `pod` by these records: a warm spare, or the pod of that name."""
+    record = records.get(pod)
+    return record.spare if record is not None and record.spare else pod
 
 
 _NOT_VIEWED: Any = {"table": True, "pods": True, "spare_pool": True, "spare_serial": True,
