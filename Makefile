@@ -4,14 +4,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP_QUIET := --quiet --disable-pip-version-check
+# `started=$$(date +%s) && COMMAND && $(call took,STEP)` says how long STEP took (the cold time
+# of `make test` is read off these lines: tests/cluster/cold_test.sh sums them up).
+took = echo "[$(1) took $$(( $$(date +%s) - started )) s]" >&2
 
-.PHONY: demo test bench cluster cluster-down operator kube-binaries images crd clean
+.PHONY: demo test cold-test bench cluster cluster-down operator packages kube-binaries images crd clean
 
 $(STAMP): pyproject.toml constraints.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "installing into $(VENV) (torch pinned by constraints.txt)"
-	@$(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e '.[worker,operator,dev]' 2>&1 | grep -v "is ignored" || true
-	@$(PY) -c "import torch, kopf, multiworld, multiworld_operator" && touch $@
+	@started=$$(date +%s) && { test -x $(PY) || $(PYTHON) -m venv $(VENV); } && \
+	  { $(PY) -m pip install $(PIP_QUIET) -c constraints.txt -e '.[worker,operator,dev]' 2>&1 | grep -v "is ignored" || true; } && \
+	  $(PY) -c "import torch, kopf, multiworld, multiworld_operator" && touch $@ && $(call took,venv)
 
 demo: $(STAMP)
 	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --spares w1=2 --kill w1:1 --after 8 --duration 30
@@ -19,7 +22,8 @@ demo: $(STAMP)
 # pytest exit code 5 means "no tests collected": not a failure of the build. The images are built
 # here, before pytest, so that no test waits minutes for them.
 test: $(STAMP) kube-binaries images
-	@$(PY) -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	@started=$$(date +%s); $(PY) -m pytest -q tests; rc=$$?; $(call took,suite); \
+	  if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
@@ -31,18 +35,28 @@ crd: $(STAMP)
 clean:
 	rm -rf $(VENV) .cluster .pytest_cache
 
+# The cold path as a new machine takes it: purge what setup installs, move the cache aside, run
+# .ci/run and `make demo` in fresh clones (root; 30-45 minutes). See tests/cluster/cold_test.sh.
+cold-test:
+	@bash tests/cluster/cold_test.sh
+
+# The Debian packages of the node, the image build and the kubernetes build: the one list, in
+# tests/cluster/packages.sh, installed when missing (root or sudo; a no-op when all are there).
+packages:
+	@started=$$(date +%s) && bash tests/cluster/packages.sh && $(call took,packages)
+
 # The test cluster's binaries (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubelet, kube-proxy, kubectl) and the node's Debian packages: built or installed once, cached
-# in ~/.cache/multiworld/ (9-15 minutes on 2 cores when cold; needs root for apt).
-kube-binaries:
-	@$(PYTHON) tests/cluster/cluster.py binaries >/dev/null
+# kubelet, kube-proxy, kubectl): built once, cached in ~/.cache/multiworld/ (9-15 minutes on 2
+# cores when cold).
+kube-binaries: packages
+	@started=$$(date +%s) && $(PYTHON) tests/cluster/cluster.py binaries >/dev/null && $(call took,kube-binaries)
 
 # The operator and worker images (multiworld/{operator,worker}:dev), built from the Dockerfile with
 # a private dockerd and cached in ~/.cache/multiworld/images/ (root; a few minutes when cold),
 # then loaded into the running `make cluster` node's containerd, if there is one.
 IMAGES_CONTAINERD := .cluster/node/containerd/containerd.sock
-images: kube-binaries
-	@$(PYTHON) tests/cluster/images.py build >/dev/null
+images: packages kube-binaries
+	@started=$$(date +%s) && $(PYTHON) tests/cluster/images.py build >/dev/null && $(call took,images)
 	@if [ -S $(IMAGES_CONTAINERD) ]; then $(PYTHON) tests/cluster/images.py load --address $(IMAGES_CONTAINERD); \
 	else echo "images built and cached; \`make cluster\` loads them into its node"; fi
 

@@ -4,10 +4,12 @@
 # The folder follows the envtest layout (kube-apiserver, kube-controller-manager, etcd), so it can
 # be used as KUBEBUILDER_ASSETS. etcd comes from Debian's etcd-server package; the kubernetes
 # binaries are built once from Debian bookworm's kubernetes source package (no registry reachable
-# here ships them) and reused until the Debian source version changes. The node's runtime,
-# network plugins and DNS server are Debian packages, installed when missing.
-# Progress goes to stderr; a failing step prints its log tail. Needs root (or sudo) for apt-get.
+# here ships them) and reused until the Debian source version changes. The Debian packages it
+# builds with come first, from packages.sh (a no-op when they are installed).
+# Progress goes to stderr; a failing step prints its log tail.
 set -euo pipefail
+
+bash "$(dirname "${BASH_SOURCE[0]}")/packages.sh"
 
 KUBE_DEBIAN_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 KUBE_GIT_VERSION="v1.20.2"
@@ -17,11 +19,6 @@ DEST="$CACHE_ROOT/kube-$KUBE_DEBIAN_VERSION"
 KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 # What the cache holds: those, and the pod sandbox's `pause` from the same source.
 KUBE_BINARIES=("${KUBE_COMMANDS[@]}" pause)
-BUILD_DEPS=(golang-1.19-go rsync jq make dpkg-dev openssl gcc libc6-dev
-  golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev)
-
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then SUDO=(sudo); fi
 
 progress() { echo "kube-binaries: $*" >&2; }
 
@@ -43,37 +40,7 @@ quietly() {
   fi
 }
 
-# Install Debian packages, refreshing the package lists only when the first attempt fails
-# (a fresh CI image has none; a warm machine should not pay for an update).
-apt_install() {
-  local env=(env DEBIAN_FRONTEND=noninteractive)
-  if ! "${SUDO[@]}" "${env[@]}" apt-get install -y -q --no-install-recommends "$@" >/dev/null 2>&1; then
-    quietly "${SUDO[@]}" "${env[@]}" apt-get update -q
-    quietly "${SUDO[@]}" "${env[@]}" apt-get install -y -q --no-install-recommends "$@"
-  fi
-}
-
-# The node (node.py): container runtime, pod network plugins, iptables tools, DNS server; and
-# what images.py builds our images with: debootstrap, a Docker engine, zstd.
-NODE_PACKAGES=(containerd runc containernetworking-plugins iptables conntrack dnsmasq-base
-  debootstrap docker.io zstd)
-ensure_node_packages() {
-  local program
-  for program in containerd runc dnsmasq conntrack debootstrap dockerd zstd /usr/lib/cni/bridge; do
-    if ! command -v "$program" >/dev/null 2>&1; then
-      progress "installing the node's and the image build's packages from Debian: ${NODE_PACKAGES[*]}"
-      apt_install "${NODE_PACKAGES[@]}"
-      return
-    fi
-  done
-}
-
 ensure_etcd() {
-  if ! command -v etcd >/dev/null 2>&1; then
-    progress "installing etcd-server from Debian"
-    # Its systemd unit (ports 2379/2380) is irrelevant: the tests start their own etcd on free ports.
-    apt_install etcd-server
-  fi
   mkdir -p "$DEST"
   ln -sfn "$(command -v etcd)" "$DEST/etcd"
 }
@@ -138,8 +105,6 @@ ensure_kube_binaries() {
   if [ "$missing" -eq 0 ]; then return; fi
   work_dir
   progress "building ${KUBE_BINARIES[*]} $KUBE_GIT_VERSION (Debian $KUBE_DEBIAN_VERSION) into $DEST"
-  progress "installing build dependencies from Debian"
-  apt_install "${BUILD_DEPS[@]}"
   progress "downloading and unpacking the kubernetes source package"
   fetch_source
   replace_vendored_json_libraries
@@ -158,6 +123,5 @@ if ! flock -n 9; then
   flock 9
 fi
 ensure_etcd
-ensure_node_packages
 ensure_kube_binaries
 echo "$DEST"

@@ -261,7 +261,7 @@ def ensure_base_archive(work: Path, log_file: Path) -> Path:
     if archive.exists():
         return archive
     if not shutil.which("debootstrap"):
-        raise ImageError("debootstrap is missing: apt-get install debootstrap docker.io")
+        raise ImageError("debootstrap is missing: bash tests/cluster/packages.sh installs it")
     rootfs = work / "rootfs"
     log.info("making the %s Python base with debootstrap (1-3 minutes; log: %s)", SUITE, log_file)
     started = time.monotonic()
@@ -313,7 +313,7 @@ class Docker:
     def start(self, timeout: float = 60.0) -> None:
         dockerd = shutil.which("dockerd")
         if not dockerd or not DOCKER.exists():
-            raise ImageError("dockerd or /usr/bin/docker is missing: apt-get install docker.io")
+            raise ImageError("dockerd or /usr/bin/docker is missing: bash tests/cluster/packages.sh installs them")
         (self.run_dir / "daemon.json").write_text("{}")
         argv = [dockerd, f"--host=unix://{self.socket}", f"--data-root={self.work / 'docker'}",
                 f"--exec-root={self.run_dir / 'exec'}", f"--pidfile={self.run_dir / 'dockerd.pid'}",

@@ -13,6 +13,7 @@ root under the cache, so they survive node restarts; see images.py for loading o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -139,9 +140,14 @@ class Node:
         self.run_dir = Path("/var/lib") / f"multiworld-node-{hashlib.sha256(str(directory).encode()).hexdigest()[:8]}"
         self.socket = self.run_dir / "containerd.sock"
         self.socket_link = directory / "containerd" / "containerd.sock"
-        self.root = containerd_root()
         self.kubelet_root = self.run_dir / "kubelet"
         self.dns_dir = directory / "dns"
+
+    @functools.cached_property
+    def root(self) -> Path:
+        """containerd's image store; asked for only when the node starts (describing a node runs
+        no binary: containerd may not be installed yet)."""
+        return containerd_root()
 
     # ---- start -------------------------------------------------------------------------------
 
