@@ -117,7 +117,7 @@ demo_status=0
 # Its PATH holds no folder under /root (closed to others): the machine's Debian python3 runs it.
 (cd "$WORK/demo/main" && env HOME="$WORK/demo/home" XDG_CACHE_HOME="$WORK/demo/home/.cache" \
   PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  setpriv --reuid=nobody --regid=nogroup --clear-groups make demo) >"$LOGS/demo.log" 2>&1 || demo_status=$?
+  setpriv --reuid=nobody --regid=nogroup --clear-groups env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make demo) >"$LOGS/demo.log" 2>&1 || demo_status=$?
 demo_s=$((SECONDS - demo_started))
 say "make demo: exit $demo_status in $demo_s s"
 rm -rf "$WORK/demo"
@@ -127,7 +127,8 @@ clone "$WORK/ci"
 say ".ci/run in a fresh clone (log: $LOGS/ci.log; 30-45 minutes)"
 ci_started=$SECONDS
 ci_status=0
-(cd "$WORK/ci/main" && bash .ci/run) 2>&1 | tee "$LOGS/ci.log" || ci_status=${PIPESTATUS[0]}
+# Not under this make: CI starts .ci/run from no make at all.
+(cd "$WORK/ci/main" && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL bash .ci/run) 2>&1 | tee "$LOGS/ci.log" || ci_status=${PIPESTATUS[0]}
 ci_s=$((SECONDS - ci_started))
 
 {
