@@ -8,7 +8,6 @@ import importlib.util
 import json
 import math
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,7 +20,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from multiworld_operator.local.runner import free_store_ports
+
 REPO = Path(__file__).resolve().parents[1]
+# Store ports as `multiworld run` picks them: none that the kernel hands out to other sockets.
+free_ports = free_store_ports
 
 
 def load_test_module(name: str, path: str) -> ModuleType:
@@ -61,17 +64,6 @@ def positive(convert: type) -> Any:
 
     parse.__name__ = convert.__name__
     return parse
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def machine_load() -> str:

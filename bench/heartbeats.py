@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import signal
-import socket
 import statistics
 import sys
 import threading
@@ -222,30 +220,8 @@ def run_pair(script: Path, worlds: int, frozen: str, idle_s: float) -> PairTrial
     raise AssertionError("unreachable")
 
 
-def store_ports(count: int) -> list[int]:
-    """`count` free ports below the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range):
-    hundreds of connections open while the worlds form, and one of them may take a port picked
-    from that range before its store listens there."""
-    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        ephemeral = int(f.read().split()[0])
-    while True:
-        base = random.randrange(max(1024, ephemeral - 12000), ephemeral - count)
-        ports = list(range(base, base + count))
-        if all(bindable(port) for port in ports):
-            return ports
-
-
-def bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
 def pair_trial(script: Path, worlds: int, frozen: str, idle_s: float) -> PairTrial:
-    ports = store_ports(worlds)
+    ports = common.free_ports(worlds)
     with common.Members(script) as started:
         members = {role: started.start(role, ["--member", "pair"]) for role in ("host", "member")}
         for member in members.values():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +18,23 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 # Several processes importing torch on two shared cores, then the measurements.
 RUN_S = 600
+# A line that tells of a failure: an exception, a failed world or join, a traceback.
+FAILURE = re.compile(r"Traceback|Error\b|\bfailed\b|FAILED")
+
+
+def excerpt(output: str, tail: int = 3000, lines: int = 30) -> str:
+    """A failed run's output in short: the lines from the first one that tells of a failure
+    (the first cause; what follows often only results from it), then the last `tail` characters."""
+    split = output.splitlines()
+    first = next((i for i, line in enumerate(split) if FAILURE.search(line)), None)
+    head = "\n".join(split[first:first + lines])[:tail] if first is not None else ""
+    return output[-tail:] if head in output[-tail:] else f"{head}\n[...]\n{output[-tail:]}"
 
 
 def run_bench(name: str) -> dict[str, Any]:
     result = subprocess.run([sys.executable, str(BENCH / name), "--quick", "--json"], capture_output=True,
                             text=True, timeout=RUN_S, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, excerpt(result.stdout) + excerpt(result.stderr)
     lines = result.stdout.strip().splitlines()
     # The readable report comes first, with a verdict per target; the JSON line is the last.
     assert any(line.startswith(("  PASS", "  MISS")) for line in lines[:-1]), result.stdout

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import struct
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,8 @@ from pydantic import ValidationError
 
 import multiworld as mw
 from multiworld.channels import open_channel
+from multiworld_operator.local.runner import LocalRunner
+from multiworld_operator.spec import load_manifest
 from worker_support import free_ports, table
 
 FAST = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=30, op_timeout=30)
@@ -154,6 +158,55 @@ def test_a_failed_rank0_join_stops_the_store_it_started(ending: str) -> None:
         assert _port_free(port), "the store server outlived its join"
     finally:
         manager.close()
+
+
+# Linux 6.3+: a socket's own range of ephemeral ports (only where it lies inside the kernel's).
+IP_LOCAL_PORT_RANGE = 51
+
+
+def _bound_by_the_kernel(port: int) -> socket.socket:
+    """A listener on a port the kernel picks (port 0), as gloo's or any program's on this
+    machine, steered to `port` wherever the kernel may hand that one out."""
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_LOCAL_PORT_RANGE, struct.pack("=I", port << 16 | port))
+    except OSError:
+        sock.close()
+        pytest.skip("no IP_LOCAL_PORT_RANGE (Linux 6.3+) to steer the kernel's choice of port")
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def test_the_runners_store_port_is_no_port_the_kernel_hands_out(tmp_path: Path) -> None:
+    """`multiworld run` picks each world's store port at start; rank 0 serves it only from its
+    first join on, and again at each epoch after a join that failed. Were it a port the kernel
+    hands out (an ephemeral one, as binding port 0 picks), any socket of the machine could get
+    it meanwhile, and rank 0 would fail every epoch with EADDRINUSE for as long as that socket
+    lived. Here such a socket exists from the start; rank 0's first join fails (its peer never
+    comes) and the next epochs serve the store on the same port."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "all_gather" / "multiworld.yaml"
+    runner = LocalRunner(load_manifest(example), manifest_dir=example.parent, kills=[], log_dir=tmp_path)
+    port = runner.ports["world2"]
+    impatient = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=1, op_timeout=30)
+
+    def assigned(rank: int, epoch: int) -> mw.WorldAssignment:
+        return mw.WorldAssignment(name="world2", rank=rank, size=2, host="127.0.0.1", port=port, epoch=epoch)
+
+    stray = _bound_by_the_kernel(port)
+    leader, peer = mw.WorldManager(pod="leader", config=FAST), mw.WorldManager(pod="w2", config=FAST)
+    try:
+        with pytest.raises(mw.JoinTimedOut):
+            leader.join(assigned(0, 1), config=impatient)
+        for epoch in (2, 3):
+            joins = [m._start_join(assigned(rank, epoch)) for rank, m in enumerate((leader, peer))]
+            assert all(join.done.wait(60) for join in joins)
+            worlds = [join.result() for join in joins]
+            assert asyncio.run(all_reduce_pair(*worlds)) == [3.0] * 4
+    finally:
+        stray.close()
+        leader.close()
+        peer.close()
 
 
 def test_a_peer_leaving_breaks_the_world_and_its_name_is_used_again(table_server) -> None:

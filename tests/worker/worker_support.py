@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,23 +21,15 @@ import torch
 
 from multiworld.contract import BrokenWorldReport, WorkerEnv, WorkerStatus, WorldAssignment, WorldEntry, WorldTable
 from multiworld_operator.local.channel_server import ChannelServer
+from multiworld_operator.local.runner import free_store_ports
 
 MEMBER = Path(__file__).with_name("member.py")
 # Generous: two busy cores, several processes importing torch at once.
 WAIT = 90.0
 # Tests run on busy machines: a heartbeat a little late must not look like a death.
 TEST_DETECT = {"dead_after": 2.0, "join_timeout": 60.0, "op_timeout": 60.0}
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
+# Store ports as `multiworld run` picks them: none that the kernel hands out to other sockets.
+free_ports = free_store_ports
 
 
 # The backends a test runs on: gloo everywhere, NCCL only where CUDA is (member.py gives each

@@ -15,7 +15,9 @@ from multiworld.contract import WorldTable
 
 from ..spec import MultiWorld
 
-# Below the Linux ephemeral range (32768+), so an outgoing connection never holds one.
+# Below the kernel's ephemeral ports (Linux: 32768+), so no socket gets one unasked (an outgoing
+# connection, a listener on port 0) while rank 0 does not serve it; `multiworld run` draws from
+# here too.
 PORT_BASE = 20000
 PORT_SPAN = 10000
 

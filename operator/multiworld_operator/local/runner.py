@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import random
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 
 from multiworld.contract import Backend, BrokenWorldReport, WorkerStatus
 
+from ..kube.ports import PORT_BASE, PORT_SPAN
 from ..planner import (
     AssignSpare,
     CreatePod,
@@ -57,10 +59,27 @@ STOP_GRACE_S = 3.0
 IDLE_TICK_S = 0.5
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_store_ports(count: int) -> list[int]:
+    """`count` ports nothing on this machine holds now, one per world's store, drawn at random
+    (runs side by side rarely draw the same) from the operator's range, below the kernel's
+    ephemeral ports: there only a deliberate bind takes a port. An ephemeral one (what binding
+    port 0 picks) can go to any socket of the machine (a listener on port 0, an outgoing
+    connection) whenever rank 0 does not serve it, before its first join or after one that
+    failed, and rank 0 then fails at every epoch for as long as that socket lives."""
+    unheld = (port for port in random.sample(range(PORT_BASE, PORT_BASE + PORT_SPAN), PORT_SPAN) if _unheld(port))
+    ports = list(itertools.islice(unheld, count))
+    if len(ports) < count:
+        raise RuntimeError(f"fewer than {count} free ports in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}")
+    return ports
+
+
+def _unheld(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))  # every interface, as rank 0's store listens
+        except OSError:
+            return False
+    return True
 
 
 class LocalRunner:
@@ -118,7 +137,8 @@ class LocalRunner:
         gpu_pods = [p for p in multiworld.all_pods()
                     if any(self.backends[w] == "nccl" for w in multiworld.worlds_of_pod(p))]
         self.gpu_envs = {p: gpu_env(p, i, len(gpu_pods), self.gpus) for i, p in enumerate(gpu_pods)}
-        self.ports = {w.name: free_port() for w in multiworld.spec.worlds}
+        worlds = [w.name for w in multiworld.spec.worlds]
+        self.ports = dict(zip(worlds, free_store_ports(len(worlds))))
         self.server = ChannelServer(on_report=self._on_report, on_status=self._on_status)
         self.table_url = ""
 
