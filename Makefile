@@ -19,10 +19,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --spares w1=2 --kill w1:1 --after 8 --duration 30
 
-# pytest exit code 5 means "no tests collected": not a failure of the build. The images are built
+# pytest exit code 5 means "no tests collected": not a failure of the build; the ten slowest
+# tests are listed (what a cold run spends its time on). The images are built
 # here, before pytest, so that no test waits minutes for them.
 test: $(STAMP) kube-binaries images
-	@started=$$(date +%s); $(PY) -m pytest -q tests; rc=$$?; $(call took,suite); \
+	@started=$$(date +%s); $(PY) -m pytest -q --durations=10 tests; rc=$$?; $(call took,suite); \
 	  if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 bench: $(STAMP)
