@@ -36,8 +36,9 @@ die() { say "$*"; exit 1; }
 if [ -e /run/multiworld-node.json ] && pgrep -x kubelet >/dev/null; then
   die "a test node runs on this machine; stop it first (make cluster-down)"
 fi
+HEAD_COMMIT="$(git -C "$REPO" rev-parse --short HEAD)"
 if [ -n "$(git -C "$REPO" status --porcelain --untracked-files=no)" ]; then
-  say "the working tree has uncommitted changes: the clones hold HEAD ($(git -C "$REPO" rev-parse --short HEAD)) without them"
+  say "the working tree has uncommitted changes: the clones hold HEAD ($HEAD_COMMIT) without them"
 fi
 
 mkdir -p "$LOGS"
@@ -104,6 +105,7 @@ done
 clone() {  # a fresh clone of HEAD in $1/main, ../shared beside it
   mkdir -p "$1"
   git clone -q --no-local "$REPO" "$1/main"
+  git -C "$1/main" reset -q --hard "$HEAD_COMMIT"  # HEAD as it was when the check began
   ln -s "$SHARED" "$1/shared"
 }
 
@@ -132,7 +134,7 @@ ci_status=0
 ci_s=$((SECONDS - ci_started))
 
 {
-  echo "cold-test of $(git -C "$REPO" rev-parse --short HEAD) on $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
+  echo "cold-test of $HEAD_COMMIT on $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
   echo "purged: ${PURGED[*]:-(nothing)}"
   echo "make demo (as nobody, cold venv): exit $demo_status, $demo_s s"
   grep -E '^ +world[0-9]+:|^ +orphan' "$LOGS/demo.log" || true

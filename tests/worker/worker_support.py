@@ -46,6 +46,14 @@ def assignment(name: str, rank: int, size: int, port: int, epoch: int = 1, backe
     ).model_dump()
 
 
+def _signals_as_from_a_terminal() -> None:
+    """In a member before exec: SIGINT and SIGQUIT at their defaults, as a program started from a
+    terminal has them. A suite started in the background (`make test &`) inherits both ignored,
+    and a member's reaction to Ctrl-C would go untested."""
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class Member:
     """One member process running a scenario of member.py (or, given `argv`, that program of
     its own, named `scenario` in messages); its stdout is JSON events."""
@@ -64,6 +72,7 @@ class Member:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             env=full_env,
+            preexec_fn=_signals_as_from_a_terminal,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -153,7 +162,9 @@ class TableServer:
             while not predicate():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"{what} within {timeout}s; reports {self.reports}, statuses {self.statuses[-5:]}")
+                    raise AssertionError(
+                        f"{what} within {timeout}s; reports {self.reports}, statuses {self.statuses[-5:]}"
+                    )
                 self._cond.wait(left)
 
     def env(self, pod: str, worlds: list[dict[str, Any]]) -> dict[str, str]:
