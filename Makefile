@@ -8,7 +8,7 @@ PIP_QUIET := --quiet --disable-pip-version-check
 # of `make test` is read off these lines: tests/cluster/cold_test.sh sums them up).
 took = echo "[$(1) took $$(( $$(date +%s) - started )) s]" >&2
 
-.PHONY: demo test cold-test bench cluster cluster-down operator packages kube-binaries images crd clean
+.PHONY: demo test check lint typecheck cold-test bench cluster cluster-down operator packages kube-binaries images crd clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "installing into $(VENV) (torch pinned by constraints.txt)"
@@ -20,11 +20,34 @@ demo: $(STAMP)
 	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --spares w1=2 --kill w1:1 --after 8 --duration 30
 
 # pytest exit code 5 means "no tests collected": not a failure of the build; the ten slowest
-# tests are listed (what a cold run spends its time on). The images are built
-# here, before pytest, so that no test waits minutes for them.
-test: $(STAMP) kube-binaries images
+# tests are listed (what a cold run spends its time on). The checks come first (a lint or type
+# error fails in seconds, not after the builds); the images are built here, before pytest, so
+# that no test waits minutes for them.
+test: $(STAMP) check kube-binaries images
 	@started=$$(date +%s); $(PY) -m pytest -q --durations=10 tests; rc=$$?; $(call took,suite); \
 	  if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# Linters and the type checker, as configured in pyproject.toml (also .pre-commit-config.yaml).
+# mypy runs once per group of folders that can share a run (pytest puts each test folder on
+# sys.path, so tests and benches import their support modules by bare names, and three
+# conftest.py files, two node.py files and bench/operator.py, which would stand in for the
+# standard library's `operator`, cannot all be one module each in one run): the packages and
+# most tests (`mypy` alone, see [tool.mypy]); bench/ (its own cache: the `operator` module
+# differs); tests/kube with tests/cluster; tests/chart.
+CHECKED := worker operator bench tests
+LINT := $(VENV)/bin/ruff check $(CHECKED) && $(VENV)/bin/ruff format --check $(CHECKED)
+MYPY := $(VENV)/bin/mypy
+TYPECHECK := $(MYPY) && MYPYPATH=bench $(MYPY) --cache-dir .mypy_cache/bench bench && \
+  MYPYPATH=tests/kube:tests/cluster $(MYPY) tests/kube tests/cluster && MYPYPATH=tests/chart $(MYPY) tests/chart
+check: $(STAMP)
+	@started=$$(date +%s) && $(LINT) && $(TYPECHECK) && $(call took,check)
+
+# The two halves of `check`, without the venv step (.pre-commit-config.yaml runs `make typecheck`).
+lint:
+	@$(LINT)
+
+typecheck:
+	@$(TYPECHECK)
 
 bench: $(STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from kubernetes import client
 
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY"})
-_SAMPLE = re.compile(r"^(?P<metric>apiserver_request_total|apiserver_request_duration_seconds_sum)"
-                     r"\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+_SAMPLE = re.compile(
+    r"^(?P<metric>apiserver_request_total|apiserver_request_duration_seconds_sum)"
+    r"\{(?P<labels>[^}]*)\} (?P<value>\S+)$"
+)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 Kind = tuple[str, str, str]  # (verb, resource, subresource)
@@ -68,10 +70,10 @@ class Writes:
 def scrape(api: client.ApiClient) -> Writes:
     request = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
     response = api.call_api(*request)
-    response.read()
+    data = response.read()
     counts: Counter[tuple[Kind, str]] = Counter()
     seconds: Counter[Kind] = Counter()
-    for line in response.data.decode().splitlines():
+    for line in data.decode().splitlines():
         sample = _SAMPLE.match(line)
         if sample is None:
             continue
@@ -82,5 +84,6 @@ def scrape(api: client.ApiClient) -> Writes:
         if sample["metric"] == "apiserver_request_total":
             counts[kind, encoding(labels.get("contentType", ""))] += int(float(sample["value"]))
         else:
-            seconds[kind] += float(sample["value"])
+            # Float seconds in a Counter (typeshed types a Counter's counts as int).
+            seconds[kind] += float(sample["value"])  # type: ignore[assignment]
     return Writes(counts, seconds)

@@ -37,6 +37,7 @@ def load_test_module(name: str, path: str) -> ModuleType:
     spec.loader.exec_module(module)
     return module
 
+
 # Members share two cores with everything else: one compute thread each keeps them from
 # fighting over the cores more than the benchmark itself makes them.
 MEMBER_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -99,14 +100,14 @@ def p99(values: Sequence[float]) -> float:
 
 def gaps(times: Sequence[float]) -> list[float]:
     """Intervals between consecutive timestamps."""
-    return [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
 def worst_gap_in(times: Sequence[float], windows: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """The longest interval between consecutive timestamps that overlaps any window, and
     where it starts relative to the start of that window (0.0, 0.0 when none overlaps)."""
     worst, offset = 0.0, 0.0
-    for a, b in zip(times, times[1:]):
+    for a, b in zip(times, times[1:], strict=False):
         for start, end in windows:
             if a < end and b > start and b - a > worst:
                 worst, offset = b - a, a - start
@@ -137,7 +138,10 @@ class Target:
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     cells = [list(headers)] + [list(r) for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    lines = [
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=False)))
+        for row in cells
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -236,7 +240,9 @@ class Member:
                         raise RuntimeError(f"member {self.name} ended before {name} {match}:\n{self.stderr()}")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RuntimeError(f"no {name} {match} from member {self.name} within {timeout:.0f}s:\n{self.stderr()}")
+                    raise RuntimeError(
+                        f"no {name} {match} from member {self.name} within {timeout:.0f}s:\n{self.stderr()}"
+                    )
                 self._cond.wait(left)
 
     def tell(self, command: dict[str, Any]) -> None:
@@ -284,8 +290,9 @@ def commands() -> Iterable[dict[str, Any]]:
 # ---- multiworld run ---------------------------------------------------------------------------
 
 
-def run_local(cmd: Sequence[str], on_stderr: Callable[[str, subprocess.Popen[str]], None],
-              env: dict[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+def run_local(
+    cmd: Sequence[str], on_stderr: Callable[[str, subprocess.Popen[str]], None], env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """Run `multiworld run ... --json` (cmd) to its end. Each line of its log (stderr) goes to
     `on_stderr` as soon as it is written, with the process (to signal it); returns the run's
     summary (its last stdout line) and its log lines."""

@@ -44,8 +44,10 @@ class StandInKubelet:
         self._due: list[tuple[float, str]] = []
         self._due_changed = threading.Condition()
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._watch, name="kubelet watch", daemon=True),
-                         threading.Thread(target=self._start_containers, name="kubelet start", daemon=True)]
+        self._threads = [
+            threading.Thread(target=self._watch, name="kubelet watch", daemon=True),
+            threading.Thread(target=self._start_containers, name="kubelet start", daemon=True),
+        ]
 
     def __enter__(self) -> StandInKubelet:
         for thread in self._threads:
@@ -61,17 +63,24 @@ class StandInKubelet:
 
     def _version_now(self) -> str:
         listing = self.core.list_namespaced_pod(self.namespace, label_selector=NAME_LABEL, limit=1)
+        assert listing.metadata is not None
         return str(listing.metadata.resource_version)
 
     def _watch(self) -> None:
         version = self._version_now()
         while not self._stop.is_set():
-            stream = watch.Watch().stream(self.core.list_namespaced_pod, self.namespace, label_selector=NAME_LABEL,
-                                          resource_version=version, timeout_seconds=WATCH_S)
+            stream = watch.Watch().stream(
+                self.core.list_namespaced_pod,
+                self.namespace,
+                label_selector=NAME_LABEL,
+                resource_version=version,
+                timeout_seconds=WATCH_S,
+            )
             try:
                 for event in stream:
                     at = time.monotonic()
                     pod: client.V1Pod = event["object"]
+                    assert pod.metadata is not None and pod.metadata.resource_version is not None
                     version = pod.metadata.resource_version
                     if event["type"] == "ADDED":
                         self._appeared(at, pod)
@@ -83,12 +92,14 @@ class StandInKubelet:
                 version = self._version_now()
 
     def _appeared(self, at: float, pod: client.V1Pod) -> None:
-        stamp = json.loads((pod.metadata.annotations or {}).get(CREATED_FOR_ANNOTATION, "{}"))
+        meta = pod.metadata
+        assert meta is not None and meta.name is not None
+        stamp = json.loads((meta.annotations or {}).get(CREATED_FOR_ANNOTATION, "{}"))
         with self._seen:
-            self.appeared.append(Appeared(at, pod.metadata.name, stamp))
+            self.appeared.append(Appeared(at, meta.name, stamp))
             self._seen.notify_all()
         with self._due_changed:
-            heapq.heappush(self._due, (at + self.start_s, pod.metadata.name))
+            heapq.heappush(self._due, (at + self.start_s, meta.name))
             self._due_changed.notify_all()
 
     def _start_containers(self) -> None:
@@ -105,8 +116,9 @@ class StandInKubelet:
         with self._writes_lock:
             self.writes += 1
         try:
-            self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": {"phase": phase}},
-                                                  _content_type=MERGE_PATCH)
+            self.core.patch_namespaced_pod_status(
+                pod, self.namespace, {"status": {"phase": phase}}, _content_type=MERGE_PATCH
+            )
         except ApiException as error:
             if error.status != 404:  # deleted before its container "started"
                 raise
@@ -129,7 +141,9 @@ class StandInKubelet:
                     return max(seen.values())
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"{len(names) - len(seen)} of {len(names)} pods not created within {timeout:.0f} s")
+                    raise TimeoutError(
+                        f"{len(names) - len(seen)} of {len(names)} pods not created within {timeout:.0f} s"
+                    )
                 self._seen.wait(left)
 
     def wait_appeared(self, name: str, created_for: dict[str, int], since: int, timeout: float) -> Appeared:

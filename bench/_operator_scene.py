@@ -56,8 +56,11 @@ class OperatorProcess:
         with open(log_path, "wb") as log_file:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "multiworld_operator.cli", "operator", "--namespace", namespace],
-                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)}, cwd=common.REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+                cwd=common.REPO,
             )
 
     def log(self) -> str:
@@ -123,8 +126,9 @@ def operator_credentials(cluster: Any, api: client.ApiClient, kind: str) -> tupl
     release = support.install_release(cluster, new_namespace(cluster, api, "mw-system"), {})
     if kind == "admin":
         return cluster.kubeconfig, "the cluster admin (system:masters)"
-    return release.operator_kubeconfig, (f"the chart's ServiceAccount {release.namespace}/{release.fullname} "
-                                         "(its cluster-wide ClusterRole)")
+    return release.operator_kubeconfig, (
+        f"the chart's ServiceAccount {release.namespace}/{release.fullname} (its cluster-wide ClusterRole)"
+    )
 
 
 @contextmanager
@@ -165,12 +169,15 @@ def start(scene: Scene, name: str, worlds: int, policy: dict[str, Any] | None = 
     def running() -> bool:
         scene.operator.check_alive()
         status = scene.kube.status(name)
-        return status.get("phase") == "Running" and \
-            {w: s["epoch"] for w, s in (status.get("worlds") or {}).items()} == scene.epochs[name]
+        return (
+            status.get("phase") == "Running"
+            and {w: s["epoch"] for w, s in (status.get("worlds") or {}).items()} == scene.epochs[name]
+        )
 
     wait_for(f"MultiWorld {name} Running with {worlds} worlds at epoch 1", running)
-    wait_for(f"a WorldReady Event per world of {name}",
-             lambda: scene.kube.event_reasons(name).count("WorldReady") == worlds)
+    wait_for(
+        f"a WorldReady Event per world of {name}", lambda: scene.kube.event_reasons(name).count("WorldReady") == worlds
+    )
     return last - created_at
 
 
@@ -193,7 +200,9 @@ def fail_and_recover(scene: Scene, name: str, index: int) -> float:
         return state.get("epoch") == epoch and state.get("phase") == "Running"
 
     wait_for(f"world {world} of {name} Running at epoch {epoch}", back)
-    wait_for(f"the WorldRecovered Event of {world}",
-             lambda: scene.kube.event_reasons(name).count("WorldRecovered") > recovered)
+    wait_for(
+        f"the WorldRecovered Event of {world}",
+        lambda: scene.kube.event_reasons(name).count("WorldRecovered") > recovered,
+    )
     scene.epochs[name][world] = epoch
     return replacement.at - failed_at

@@ -63,16 +63,32 @@ Op = Callable[[], Awaitable[None]]
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--budget", type=common.positive(float), default=None,
-                   help="seconds of measuring per op and size (default 8.0; 0.2 with --quick); "
-                   f"{LARGE_BUDGET_FACTOR:g} times that from {LARGE_FROM >> 20} MiB up")
-    p.add_argument("--min-rounds", type=common.positive(int), default=None,
-                   help="rounds per op and size at the least (default 8; 3 with --quick)")
-    p.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
-                   help="comma-separated tensor sizes in bytes (default 4K,64K,1M,4M,16M)")
-    p.add_argument("--ops", type=lambda s: tuple(s.split(",")), default=OPS,
-                   help=f"comma-separated ops to measure (default all: {','.join(OPS)}); "
-                   f"{COMMUNICATOR} and {CONTROL} are always measured")
+    p.add_argument(
+        "--budget",
+        type=common.positive(float),
+        default=None,
+        help="seconds of measuring per op and size (default 8.0; 0.2 with --quick); "
+        f"{LARGE_BUDGET_FACTOR:g} times that from {LARGE_FROM >> 20} MiB up",
+    )
+    p.add_argument(
+        "--min-rounds",
+        type=common.positive(int),
+        default=None,
+        help="rounds per op and size at the least (default 8; 3 with --quick)",
+    )
+    p.add_argument(
+        "--sizes",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        default=None,
+        help="comma-separated tensor sizes in bytes (default 4K,64K,1M,4M,16M)",
+    )
+    p.add_argument(
+        "--ops",
+        type=lambda s: tuple(s.split(",")),
+        default=OPS,
+        help=f"comma-separated ops to measure (default all: {','.join(OPS)}); "
+        f"{COMMUNICATOR} and {CONTROL} are always measured",
+    )
     p.add_argument("--member", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ports", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -102,8 +118,12 @@ def awaitable(torch_work: Any) -> Any:
     loop = asyncio.get_running_loop()
     done = loop.create_future()
 
+    def settle() -> None:
+        if not done.done():
+            done.set_result(None)
+
     def wake(_: Any) -> None:
-        loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+        loop.call_soon_threadsafe(settle)
 
     torch_work.get_future().add_done_callback(wake)
     return done
@@ -130,18 +150,20 @@ class Bench:
         self.world = self.manager.join(
             mw.WorldAssignment(name="bench", rank=rank, size=RANKS, host="127.0.0.1", port=lib_port)
         )
-        # The World's own torch ProcessGroupGloo, called directly: the raw column.
-        self.raw = self.world._comm
+        # The World's own torch ProcessGroupGloo, called directly: the raw column. (Any: torch's
+        # stubs omit a backend's ops, which are bound in C++.)
+        self.raw: Any = self.world._comm
         # One built by hand, on a store of its own: the communicator row, and the plumbing that
         # agrees on a plan and gathers the timings outside the measurement.
         self._store = TCPStore("127.0.0.1", own_port, RANKS, rank == 0, timedelta(seconds=120))
-        self.own = ProcessGroupGloo(PrefixStore("own/", self._store), rank, RANKS, timedelta(seconds=600))
+        self.own: Any = ProcessGroupGloo(PrefixStore("own/", self._store), rank, RANKS, timedelta(seconds=600))
 
     def ops(self, kind: str, size: int) -> tuple[Op, Op]:
         """(library, raw) for one op on `size` bytes of float32."""
-        torch, w, raw, rank = self.torch, self.world, self.raw, self.rank
+        torch, w, raw = self.torch, self.world, self.raw
         t = torch.ones(size // 4)
         if kind == "all_reduce":
+
             async def lib_op() -> None:
                 w.all_reduce(t)
 
@@ -160,8 +182,11 @@ class Bench:
 
             return lib_op, raw_op
         if kind == "all_reduce_async":
+
             async def lib_op() -> None:
-                await w.all_reduce(t, async_op=True)
+                work = w.all_reduce(t, async_op=True)
+                assert work is not None  # async_op=True returns the op's Work
+                await work
 
             async def raw_op() -> None:
                 await awaitable(raw.allreduce([t]))
@@ -178,6 +203,7 @@ class Bench:
 
             return lib_op, raw_op
         if kind == "broadcast":
+
             async def lib_op() -> None:
                 w.broadcast(t, src=0)
 
@@ -192,6 +218,7 @@ class Bench:
     def _ping_pong(self, t: Any) -> tuple[Op, Op]:
         w, raw = self.world, self.raw
         if self.rank == 0:
+
             async def lib_op() -> None:
                 w.send(t, 1)
                 w.recv(t, 1)
@@ -200,6 +227,7 @@ class Bench:
                 raw.send([t], 1, 0).wait()
                 raw.recv([t], 1, 0).wait()
         elif self.rank == 1:
+
             async def lib_op() -> None:
                 w.recv(t, 0)
                 w.send(t, 0)
@@ -208,6 +236,7 @@ class Bench:
                 raw.recv([t], 0, 0).wait()
                 raw.send([t], 0, 0).wait()
         else:
+
             async def lib_op() -> None:
                 return None
 
@@ -292,9 +321,12 @@ class Bench:
         self.own.allgather([every], [times]).wait()
         return self.torch.stack(every).amax(dim=0)
 
-    async def run(self, ops: Sequence[str], sizes: Sequence[int], budget: float, min_rounds: int) -> list[dict[str, Any]]:
-        return [await self.cell(kind, size, budget, min_rounds) for size in sizes
-                for kind in (*ops, COMMUNICATOR, CONTROL)]
+    async def run(
+        self, ops: Sequence[str], sizes: Sequence[int], budget: float, min_rounds: int
+    ) -> list[dict[str, Any]]:
+        return [
+            await self.cell(kind, size, budget, min_rounds) for size in sizes for kind in (*ops, COMMUNICATOR, CONTROL)
+        ]
 
     def close(self) -> None:
         self.own.barrier().wait()
@@ -331,18 +363,28 @@ def targets(cells: list[dict[str, Any]]) -> list[common.Target]:
 
 def render(cells: list[dict[str, Any]]) -> str:
     rows = [
-        [c["op"], common.fmt_bytes(c["bytes"]), common.fmt_s(c["lib_s"]), common.fmt_s(c["raw_s"]),
-         f"{c['ratio']:.3f}", f"{c['se']:.3f}", f"{c['rounds']}x{c['per_round']}"]
+        [
+            c["op"],
+            common.fmt_bytes(c["bytes"]),
+            common.fmt_s(c["lib_s"]),
+            common.fmt_s(c["raw_s"]),
+            f"{c['ratio']:.3f}",
+            f"{c['se']:.3f}",
+            f"{c['rounds']}x{c['per_round']}",
+        ]
         for c in sorted(cells, key=lambda c: (CELLS.index(c["op"]), c["bytes"]))
     ]
-    note = (f"{COMMUNICATOR}: a raw all_reduce on a ProcessGroupGloo built by hand (library column) against one "
-            "on the World's\n  (raw column): no target; beyond the noise of where the scheduler put the threads, it "
-            "would show a slower communicator\n"
-            f"{CONTROL}: the raw all_reduce in both columns: the noise floor of this run (a ratio further from 1 "
-            "than it is not resolved)\n"
-            "se: the bootstrap standard error of the ratio (resampling rounds)")
-    return common.table(["op", "size", "library (median)", "raw gloo (median)", "ratio lib/raw", "se", "rounds"], rows) + (
-        "\n" + note)
+    note = (
+        f"{COMMUNICATOR}: a raw all_reduce on a ProcessGroupGloo built by hand (library column) against one "
+        "on the World's\n  (raw column): no target; beyond the noise of where the scheduler put the threads, it "
+        "would show a slower communicator\n"
+        f"{CONTROL}: the raw all_reduce in both columns: the noise floor of this run (a ratio further from 1 "
+        "than it is not resolved)\n"
+        "se: the bootstrap standard error of the ratio (resampling rounds)"
+    )
+    return common.table(
+        ["op", "size", "library (median)", "raw gloo (median)", "ratio lib/raw", "se", "rounds"], rows
+    ) + ("\n" + note)
 
 
 def coordinate(args: Any) -> int:
@@ -350,7 +392,7 @@ def coordinate(args: Any) -> int:
     lib_port, own_port = common.free_ports(2)
     script = Path(__file__).resolve()
     flags = ["--ports", f"{lib_port},{own_port}", "--budget", str(args.budget), "--min-rounds", str(args.min_rounds),
-             "--sizes", ",".join(map(str, args.sizes)), "--ops", ",".join(args.ops)]
+             "--sizes", ",".join(map(str, args.sizes)), "--ops", ",".join(args.ops)]  # fmt: skip
     wait = 120.0 + sum((len(args.ops) + 2) * (cell_budget(size, args.budget) * 3 + 10) for size in args.sizes)
     with common.Members(script) as members:
         ranks = [members.start(f"rank{r}", ["--member", str(r), *flags]) for r in range(RANKS)]
@@ -358,8 +400,12 @@ def coordinate(args: Any) -> int:
         for m in ranks:
             m.proc.wait(60)
     found = targets(cells)
-    common.report(f"collectives: multiworld vs raw ProcessGroupGloo, {RANKS} ranks, gloo on loopback", load,
-                  [render(cells)], found)
+    common.report(
+        f"collectives: multiworld vs raw ProcessGroupGloo, {RANKS} ranks, gloo on loopback",
+        load,
+        [render(cells)],
+        found,
+    )
     if args.json:
         ratios: dict[str, dict[str, float]] = {}
         errors: dict[str, dict[str, float]] = {}

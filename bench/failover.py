@@ -54,12 +54,21 @@ SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ?")
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--trials", type=common.positive(int), default=None,
-                   help="trials per scenario (default 5; 1 with --quick)")
-    p.add_argument("--quiet-s", type=common.positive(float), default=None,
-                   help="seconds of steady state before each signal, also the quiet window (default 1.0)")
-    p.add_argument("--after-s", type=common.positive(float), default=None,
-                   help="seconds after each detection that still count as the failure window (default 1.0)")
+    p.add_argument(
+        "--trials", type=common.positive(int), default=None, help="trials per scenario (default 5; 1 with --quick)"
+    )
+    p.add_argument(
+        "--quiet-s",
+        type=common.positive(float),
+        default=None,
+        help="seconds of steady state before each signal, also the quiet window (default 1.0)",
+    )
+    p.add_argument(
+        "--after-s",
+        type=common.positive(float),
+        default=None,
+        help="seconds after each detection that still count as the failure window (default 1.0)",
+    )
     p.add_argument("--member", choices=["survivor", "peer", "spawner"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -232,7 +241,11 @@ class Trial:
 
 
 def run_trial(
-    scenario: str, index: int, survivor_proc: common.Member, spawn: common.Member, quiet_s: float,
+    scenario: str,
+    index: int,
+    survivor_proc: common.Member,
+    spawn: common.Member,
+    quiet_s: float,
     victims: list[int],
 ) -> Trial:
     rank, busy, sig = SETUP[scenario]
@@ -307,30 +320,51 @@ def present(args: Any, load: str, trials: list[Trial], times: list[float], error
         reason = SOURCE_LOCATION.sub("", mine[0].reason)
         d = detect[s]
         gap, offset = common.worst_gap_in(times, [(t.signalled, t.detected + args.after_s) for t in mine])
-        rows.append([s, str(len(mine)), common.fmt_s(d.min), common.fmt_s(d.median), common.fmt_s(d.max),
-                     f"{gap / median_step:.2f} at {offset:+.2f} s", reason[:60]])
+        rows.append(
+            [
+                s,
+                str(len(mine)),
+                common.fmt_s(d.min),
+                common.fmt_s(d.median),
+                common.fmt_s(d.max),
+                f"{gap / median_step:.2f} at {offset:+.2f} s",
+                reason[:60],
+            ]
+        )
     detect_table = common.table(
         ["failure", "trials", "min", "median", "max", "other's worst gap/median", "first reason seen"], rows
     )
     other_table = common.table(
         ["world 'other'", "value"],
-        [["steps", str(len(times))],
-         ["median step", common.fmt_s(median_step)],
-         ["worst gap in failure windows / median", f"{worst_failure:.2f}"],
-         ["worst gap in quiet windows / median", f"{worst_quiet:.2f}"],
-         ["worst gap anywhere / median", f"{max(steps) / median_step:.2f}"],
-         ["errors", str(errors)]],
+        [
+            ["steps", str(len(times))],
+            ["median step", common.fmt_s(median_step)],
+            ["worst gap in failure windows / median", f"{worst_failure:.2f}"],
+            ["worst gap in quiet windows / median", f"{worst_quiet:.2f}"],
+            ["worst gap anywhere / median", f"{max(steps) / median_step:.2f}"],
+            ["errors", str(errors)],
+        ],
     )
     targets = [common.Target(f"{s} median detection", detect[s].median, limit, " s") for s, limit in TARGETS.items()]
-    targets += [common.Target("other world worst gap / median step", worst_failure, GAP_LIMIT),
-                common.Target("other world errors", errors, 0)]
-    common.report("failover: detection latency, and the other world of the same process", load,
-                  [detect_table, other_table], targets)
+    targets += [
+        common.Target("other world worst gap / median step", worst_failure, GAP_LIMIT),
+        common.Target("other world errors", errors, 0),
+    ]
+    common.report(
+        "failover: detection latency, and the other world of the same process",
+        load,
+        [detect_table, other_table],
+        targets,
+    )
     if args.json:
-        common.json_line({"failover": {
-            "detect_s": {s: detect[s].as_dict() for s in SCENARIOS},
-            "other_world": {"worst_gap_ratio": worst_failure, "errors": errors},
-        }})
+        common.json_line(
+            {
+                "failover": {
+                    "detect_s": {s: detect[s].as_dict() for s in SCENARIOS},
+                    "other_world": {"worst_gap_ratio": worst_failure, "errors": errors},
+                }
+            }
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

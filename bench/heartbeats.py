@@ -62,14 +62,28 @@ def sizes(text: str) -> list[int]:
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=sizes, default=None,
-                   help="world sizes whose requests are counted, comma-separated; empty: none (default 4,16; 2,4 with --quick)")
-    p.add_argument("--worlds", type=sizes, default=None,
-                   help="numbers of worlds two processes share, comma-separated; empty: none (default 1,20,200; 1,3 with --quick)")
+    p.add_argument(
+        "--ranks",
+        type=sizes,
+        default=None,
+        help="world sizes whose requests are counted, comma-separated; empty: none (default 4,16; 2,4 with --quick)",
+    )
+    p.add_argument(
+        "--worlds",
+        type=sizes,
+        default=None,
+        help="numbers of worlds two processes share, comma-separated; empty: none (default 1,20,200; 1,3 with --quick)",
+    )
     p.add_argument("--trials", type=common.positive(int), default=1, help="pairs of processes per size and frozen side")
-    p.add_argument("--idle-s", type=common.positive(float), default=None, help="idle CPU window (default 10; 2 with --quick)")
-    p.add_argument("--window-s", type=common.positive(float), default=None,
-                   help="request counting window (default 5; 1 with --quick)")
+    p.add_argument(
+        "--idle-s", type=common.positive(float), default=None, help="idle CPU window (default 10; 2 with --quick)"
+    )
+    p.add_argument(
+        "--window-s",
+        type=common.positive(float),
+        default=None,
+        help="request counting window (default 5; 1 with --quick)",
+    )
     p.add_argument("--member", choices=["counter", "pair"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.ranks = args.ranks if args.ranks is not None else ([2, 4] if args.quick else [4, 16])
@@ -99,7 +113,9 @@ def counter() -> None:
         ranks, port, window = command["ranks"], command["port"], command["window_s"]
         config = mw.DetectConfig.from_env()
         managers = [mw.WorldManager(pod=f"m{rank}", config=config) for rank in range(ranks)]
-        joins = [threading.Thread(target=m.join, args=(assignment("w", r, ranks, port),)) for r, m in enumerate(managers)]
+        joins = [
+            threading.Thread(target=m.join, args=(assignment("w", r, ranks, port),)) for r, m in enumerate(managers)
+        ]
         for join in joins:
             join.start()
         for join in joins:
@@ -111,8 +127,11 @@ def counter() -> None:
         intervals = window / config.heartbeat_interval
         figures = {
             store: {
-                what: sum(getattr(getattr(a, store), what) - getattr(getattr(b, store), what)
-                          for a, b in zip(after, before)) / intervals
+                what: sum(
+                    getattr(getattr(a, store), what) - getattr(getattr(b, store), what)
+                    for a, b in zip(after, before, strict=True)
+                )
+                / intervals
                 for what in ("calls", "keys")
             }
             for store in ("world_stores", "beat_stores")
@@ -234,7 +253,9 @@ def pair_trial(script: Path, worlds: int, frozen: str, idle_s: float) -> PairTri
                 raise JoinsFailed(f"{member.name} joined {joined['worlds']} of {worlds} worlds:\n{member.stderr()}")
         time.sleep(SETTLE_S)
         idle = measure_idle(members, idle_s)
-        victim, judge = (members["member"], members["host"]) if frozen == "peer_frozen" else (members["host"], members["member"])
+        victim, judge = (
+            (members["member"], members["host"]) if frozen == "peer_frozen" else (members["host"], members["member"])
+        )
         judge.tell({"cmd": "arm"})
         judge.wait_for("armed")
         signalled = time.time()
@@ -258,7 +279,9 @@ def coordinate(args: Any) -> int:
     load = common.machine_load()
     script = Path(__file__).resolve()
     requests = count_requests(script, args.ranks, args.window_s) if args.ranks else {}
-    trials = [run_pair(script, k, frozen, args.idle_s) for k in args.worlds for frozen in FROZEN for _ in range(args.trials)]
+    trials = [
+        run_pair(script, k, frozen, args.idle_s) for k in args.worlds for frozen in FROZEN for _ in range(args.trials)
+    ]
     present(args, load, requests, trials)
     return 0
 
@@ -276,30 +299,58 @@ def present(args: Any, load: str, requests: dict[int, dict[str, dict[str, float]
     targets: list[common.Target] = []
     results: dict[str, Any] = {}
     if requests:
-        rows = [[str(n), f"{f['beat_stores']['calls']:.1f}", f"{f['beat_stores']['keys']:.1f}",
-                 f"{f['world_stores']['calls']:.2f}", f"{f['world_stores']['keys']:.2f}"] for n, f in requests.items()]
-        body.append("requests per heartbeat interval, one world (summed over its members)\n" + common.table(
-            ["ranks", "beat store calls", "beat store keys", "world store calls", "world store keys"], rows))
+        rows = [
+            [
+                str(n),
+                f"{f['beat_stores']['calls']:.1f}",
+                f"{f['beat_stores']['keys']:.1f}",
+                f"{f['world_stores']['calls']:.2f}",
+                f"{f['world_stores']['keys']:.2f}",
+            ]
+            for n, f in requests.items()
+        ]
+        body.append(
+            "requests per heartbeat interval, one world (summed over its members)\n"
+            + common.table(
+                ["ranks", "beat store calls", "beat store keys", "world store calls", "world store keys"], rows
+            )
+        )
         results["requests_per_interval"] = {
             str(n): {"beat_store": f["beat_stores"], "world_store": f["world_stores"]} for n, f in requests.items()
         }
         low, high = min(requests), max(requests)
         if high > low:
-            grown = sum(requests[high][s]["keys"] for s in requests[high]) / sum(requests[low][s]["keys"] for s in requests[low])
-            targets.append(common.Target(f"keys per interval, {high} ranks / {low} ranks", grown,
-                                         high / low * LINEAR_SLACK))
+            high_keys = sum(requests[high][s]["keys"] for s in requests[high])
+            grown = high_keys / sum(requests[low][s]["keys"] for s in requests[low])
+            targets.append(
+                common.Target(f"keys per interval, {high} ranks / {low} ranks", grown, high / low * LINEAR_SLACK)
+            )
     if trials:
         by_k = {k: [t for t in trials if t.worlds == k] for k in args.worlds}
         idle = {k: {role: median_idle(ts, role) for role in ("host", "member")} for k, ts in by_k.items()}
-        detect = {k: {f: statistics.median(t.detect_s for t in ts if t.frozen == f) for f in FROZEN} for k, ts in by_k.items()}
+        detect = {
+            k: {f: statistics.median(t.detect_s for t in ts if t.frozen == f) for f in FROZEN} for k, ts in by_k.items()
+        }
         rows = []
         for k in args.worlds:
             for role in ("host", "member"):
                 i = idle[k][role]
-                rows.append([str(k), role, f"{i.cpu_pct:.1f}", str(i.threads), f"{i.rss_mib:.0f}",
-                             common.fmt_s(detect[k]["peer_frozen" if role == "host" else "host_frozen"])])
-        body.append("two processes sharing K worlds of 2 ranks (host: rank 0 of each)\n" + common.table(
-            ["K", "process", "idle CPU %", "threads", "RSS MiB", "saw the other frozen in all K after"], rows))
+                rows.append(
+                    [
+                        str(k),
+                        role,
+                        f"{i.cpu_pct:.1f}",
+                        str(i.threads),
+                        f"{i.rss_mib:.0f}",
+                        common.fmt_s(detect[k]["peer_frozen" if role == "host" else "host_frozen"]),
+                    ]
+                )
+        body.append(
+            "two processes sharing K worlds of 2 ranks (host: rank 0 of each)\n"
+            + common.table(
+                ["K", "process", "idle CPU %", "threads", "RSS MiB", "saw the other frozen in all K after"], rows
+            )
+        )
         reasons = sorted({r for t in trials for r in t.reasons})
         body.append("reasons seen: " + "; ".join(reasons))
         results["shared_worlds"] = {
@@ -314,21 +365,43 @@ def present(args: Any, load: str, requests: dict[int, dict[str, dict[str, float]
         one, most = min(args.worlds), max(args.worlds)
         if most > one:
             per_world = {
-                what: {role: (getattr(idle[most][role], what) - getattr(idle[one][role], what)) / (most - one)
-                       for role in ("host", "member")}
+                what: {
+                    role: (getattr(idle[most][role], what) - getattr(idle[one][role], what)) / (most - one)
+                    for role in ("host", "member")
+                }
                 for what in ("threads", "rss_mib")
             }
-            body.append(common.table(["per world", "host", "member"], [
-                ["native threads", f"{per_world['threads']['host']:.2f}", f"{per_world['threads']['member']:.2f}"],
-                ["RSS KiB", f"{per_world['rss_mib']['host'] * 1024:.0f}", f"{per_world['rss_mib']['member'] * 1024:.0f}"],
-            ]))
+            body.append(
+                common.table(
+                    ["per world", "host", "member"],
+                    [
+                        [
+                            "native threads",
+                            f"{per_world['threads']['host']:.2f}",
+                            f"{per_world['threads']['member']:.2f}",
+                        ],
+                        [
+                            "RSS KiB",
+                            f"{per_world['rss_mib']['host'] * 1024:.0f}",
+                            f"{per_world['rss_mib']['member'] * 1024:.0f}",
+                        ],
+                    ],
+                )
+            )
             results["per_world"] = per_world
             for role in ("host", "member"):
-                targets.append(common.Target(f"{role} idle CPU, {most} worlds", idle[most][role].cpu_pct, CPU_LIMIT_PCT, " %"))
+                targets.append(
+                    common.Target(f"{role} idle CPU, {most} worlds", idle[most][role].cpu_pct, CPU_LIMIT_PCT, " %")
+                )
             for f in FROZEN:
-                targets.append(common.Target(f"{f}: seen in all {most} worlds / in {one}", detect[most][f] / detect[one][f],
-                                             AS_FAST_AS))
-    common.report("heartbeats: requests per interval, idle cost and detection across shared worlds", load, body, targets)
+                targets.append(
+                    common.Target(
+                        f"{f}: seen in all {most} worlds / in {one}", detect[most][f] / detect[one][f], AS_FAST_AS
+                    )
+                )
+    common.report(
+        "heartbeats: requests per interval, idle cost and detection across shared worlds", load, body, targets
+    )
     if args.json:
         common.json_line({"heartbeats": results})
 

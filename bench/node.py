@@ -62,8 +62,9 @@ WAIT_S = 300.0
 
 def parse_args(argv: list[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--kills", type=common.positive(int), default=None,
-                   help="kills per example (default 5; 2 with --quick)")
+    p.add_argument(
+        "--kills", type=common.positive(int), default=None, help="kills per example (default 5; 2 with --quick)"
+    )
     p.add_argument("--cluster", type=Path, help="a running cluster's folder (with a node) instead of a new one")
     args = p.parse_args(argv)
     args.kills = args.kills or (2 if args.quick else 5)
@@ -107,14 +108,28 @@ def watching_pods(core: client.CoreV1Api, namespace: str) -> Iterator[PodTimes]:
         thread.join(10)
 
 
+def _meta(pod: client.V1Pod) -> client.V1ObjectMeta:
+    """A served pod's metadata (the API server always sends it)."""
+    assert pod.metadata is not None
+    return pod.metadata
+
+
+def _uid(pod: client.V1Pod) -> str:
+    uid = _meta(pod).uid
+    assert uid is not None
+    return uid
+
+
 def statuses(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, tuple[client.V1Pod, WorkerStatus | None]]:
     pods = core.list_namespaced_pod(namespace, label_selector=f"multiworld.io/name={name}").items
     found = {}
     for pod in pods:
-        if pod.metadata.deletion_timestamp is not None:
+        meta = _meta(pod)
+        assert meta.name is not None
+        if meta.deletion_timestamp is not None:
             continue
-        raw = (pod.metadata.annotations or {}).get(STATUS_ANNOTATION)
-        found[pod.metadata.name] = (pod, WorkerStatus.model_validate_json(raw) if raw else None)
+        raw = (meta.annotations or {}).get(STATUS_ANNOTATION)
+        found[meta.name] = (pod, WorkerStatus.model_validate_json(raw) if raw else None)
     return found
 
 
@@ -128,7 +143,7 @@ def process_start(cluster: Any, pod: client.V1Pod) -> float:
             ticks = int(Path(f"/proc/{words[1]}/stat").read_text().rsplit(")", 1)[1].split()[19])
             since_boot = ticks / os.sysconf("SC_CLK_TCK")
             return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
-    raise RuntimeError(f"no task for {pod.metadata.name}'s container {container}")
+    raise RuntimeError(f"no task for {_meta(pod).name}'s container {container}")
 
 
 @dataclass
@@ -147,11 +162,13 @@ def table_entry(core: client.CoreV1Api, namespace: str, name: str, world: str) -
         if error.status == 404:
             return None
         raise
+    assert configmap.data is not None
     return WorldEntry.model_validate_json(configmap.data[TABLE_ENTRY_KEY])
 
 
-def kill_and_time(cluster: Any, core: client.CoreV1Api, namespace: str, name: str, world: str,
-                  victim: str, times: PodTimes) -> Recovery:
+def kill_and_time(
+    cluster: Any, core: client.CoreV1Api, namespace: str, name: str, world: str, victim: str, times: PodTimes
+) -> Recovery:
     before = statuses(core, namespace, name)
     epoch = max(s.joined.get(world, 0) for _, s in before.values() if s is not None) + 1
     entry = wait_for(f"{world} of {name} in the table", lambda: table_entry(core, namespace, name, world))
@@ -168,21 +185,28 @@ def kill_and_time(cluster: Any, core: client.CoreV1Api, namespace: str, name: st
         now = statuses(core, namespace, name)
         ranks = {p: now.get(p, (None, None)) for p in entry.pods}
         if all(s is not None and s.joined.get(world) == epoch for _, s in ranks.values()):
-            return ranks  # type: ignore[return-value]
+            return ranks  # type: ignore[return-value]  # every status is there: checked just above
         return None
 
     members = wait_for(f"{world} of {name} back at epoch {epoch}", rejoined)
     joined = {p: s.joined_at[world].timestamp() for p, (_, s) in members.items()}
     end = max(joined.values())
-    replaced = [p for p, (pod, _) in members.items() if p not in before or before[p][0].metadata.uid != pod.metadata.uid]
+    replaced = [p for p, (pod, _) in members.items() if p not in before or _uid(before[p][0]) != _uid(pod)]
     if not replaced:
         return Recovery(end - started, None, (started, end))
     last = max(replaced, key=joined.__getitem__)
     pod, status = members[last]
-    uid = pod.metadata.uid
+    uid = _uid(pod)
     assert status.started is not None
-    marks = [started, times.seen[uid], times.scheduled[uid], process_start(cluster, pod), status.started.timestamp(), end]
-    breakdown = {stage: max(0.0, b - a) for stage, a, b in zip(STAGES, marks, marks[1:])}
+    marks = [
+        started,
+        times.seen[uid],
+        times.scheduled[uid],
+        process_start(cluster, pod),
+        status.started.timestamp(),
+        end,
+    ]
+    breakdown = {stage: max(0.0, b - a) for stage, a, b in zip(STAGES, marks, marks[1:], strict=False)}
     return Recovery(end - started, breakdown, (started, end))
 
 
@@ -205,26 +229,43 @@ def every_pod_up(core: client.CoreV1Api, namespace: str, name: str) -> bool:
 
 def spares_ready(api: client.ApiClient, namespace: str, name: str, spares: dict[str, int]) -> bool:
     """Whether every member keeps its warm spares, all ready (the MultiWorld's status says)."""
-    found = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        "multiworld.io", "v1alpha1", namespace, "multiworlds", name)
+    found: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "multiworld.io", "v1alpha1", namespace, "multiworlds", name
+    )
     shown = (found.get("status") or {}).get("spares") or {}
     return all(shown.get(member) == f"{count}/{count}" for member, count in spares.items())
 
 
-def run_example(cluster: Any, core: client.CoreV1Api, operator: Any, workdir: Path, example: str, name: str,
-                world: str, victims: list[str], kills: int, times: PodTimes,
-                spares: dict[str, int] | None = None) -> list[Recovery]:
+def run_example(
+    cluster: Any,
+    core: client.CoreV1Api,
+    operator: Any,
+    workdir: Path,
+    example: str,
+    name: str,
+    world: str,
+    victims: list[str],
+    kills: int,
+    times: PodTimes,
+    spares: dict[str, int] | None = None,
+) -> list[Recovery]:
     path = support.example_manifest(example, name, workdir, interval=INTERVAL_S, spares=spares)
     support.kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
     wait_for(f"every rank of {name} joined", lambda: every_pod_up(core, operator.apps, name))
     recoveries = []
     for kill in range(kills):
         if spares:
-            wait_for(f"the warm spares of {name} ready",
-                     lambda: spares_ready(core.api_client, operator.apps, name, spares)
-                     and every_pod_up(core, operator.apps, name))
+            wait_for(
+                f"the warm spares of {name} ready",
+                lambda: (
+                    spares_ready(core.api_client, operator.apps, name, spares)
+                    and every_pod_up(core, operator.apps, name)
+                ),
+            )
         recovery = kill_and_time(cluster, core, operator.apps, name, world, victims[kill % len(victims)], times)
-        print(f"{name}: kill {kill + 1}/{kills}: every rank back in {recovery.seconds:.2f} s", file=sys.stderr, flush=True)
+        print(
+            f"{name}: kill {kill + 1}/{kills}: every rank back in {recovery.seconds:.2f} s", file=sys.stderr, flush=True
+        )
         recoveries.append(recovery)
     return recoveries
 
@@ -256,22 +297,59 @@ def node_cluster(given: Path | None) -> Iterator[Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load_at_start = common.machine_load()
-    with node_cluster(args.cluster) as cluster, tempfile.TemporaryDirectory(prefix="mw-bench-") as scratch, \
-            cluster.api_client() as api:
+    with (
+        node_cluster(args.cluster) as cluster,
+        tempfile.TemporaryDirectory(prefix="mw-bench-") as scratch,
+        cluster.api_client() as api,
+    ):
         core = client.CoreV1Api(api)
         operator = support.install_operator(cluster)
         with watching_pods(core, operator.apps) as times:
-            multi = run_example(cluster, core, operator, Path(scratch), "all_gather", "bench-all-gather", "world1",
-                                ["w1-1", "w1-0"], args.kills, times)
-            errors = sum(s.errors.get("world2", 0) for _, s in statuses(core, operator.apps, "bench-all-gather").values()
-                         if s is not None)  # fmt: skip
+            multi = run_example(
+                cluster,
+                core,
+                operator,
+                Path(scratch),
+                "all_gather",
+                "bench-all-gather",
+                "world1",
+                ["w1-1", "w1-0"],
+                args.kills,
+                times,
+            )
+            errors = sum(
+                s.errors.get("world2", 0)
+                for _, s in statuses(core, operator.apps, "bench-all-gather").values()
+                if s is not None
+            )
             steps = step_times(core, operator.apps, "bench-all-gather-w2-0", "from world2 has gathered tensors")
             delete_example(cluster, core, operator.apps, "bench-all-gather")
-            warm = run_example(cluster, core, operator, Path(scratch), "all_gather", "bench-spares", "world1",
-                               ["w1-1", "w1-0"], args.kills, times, spares={"w1": 2})
+            warm = run_example(
+                cluster,
+                core,
+                operator,
+                Path(scratch),
+                "all_gather",
+                "bench-spares",
+                "world1",
+                ["w1-1", "w1-0"],
+                args.kills,
+                times,
+                spares={"w1": 2},
+            )
             delete_example(cluster, core, operator.apps, "bench-spares")
-            whole = run_example(cluster, core, operator, Path(scratch), "single_world", "bench-single-world", "world",
-                                ["workers-1", "workers-0"], args.kills, times)
+            whole = run_example(
+                cluster,
+                core,
+                operator,
+                Path(scratch),
+                "single_world",
+                "bench-single-world",
+                "world",
+                ["workers-1", "workers-0"],
+                args.kills,
+                times,
+            )
             delete_example(cluster, core, operator.apps, "bench-single-world")
     median_gap = statistics.median(common.gaps(steps))
     worst, _ = common.worst_gap_in(steps, [r.window for r in multi])
@@ -294,14 +372,22 @@ def main(argv: list[str] | None = None) -> int:
     common.report(
         "recovery on a real node (kill through containerd -> every rank joined the new epoch)",
         load_at_start,
-        [common.table(["recovery", "min", "median", "max"], rows),
-         common.table(["stage (median, new pods: last rank to join)", "seconds"],
-                      [[stage, f"{breakdown[stage]:.3f}"] for stage in STAGES]),
-         f"world2 while world1 recovered: {errors} errors; worst step gap {worst:.2f} s "
-         f"= {worst / median_gap:.2f}x the median gap ({median_gap:.2f} s)"],
-        [common.Target("world2 errors while world1 recovered", errors, 0),
-         common.Target("world1 back with warm spares, median", spare.median, 1.0, "s"),
-         common.Target("world1 back, median, vs the whole-group restart", recovery.median / restart.median, 1.0, "x")],
+        [
+            common.table(["recovery", "min", "median", "max"], rows),
+            common.table(
+                ["stage (median, new pods: last rank to join)", "seconds"],
+                [[stage, f"{breakdown[stage]:.3f}"] for stage in STAGES],
+            ),
+            f"world2 while world1 recovered: {errors} errors; worst step gap {worst:.2f} s "
+            f"= {worst / median_gap:.2f}x the median gap ({median_gap:.2f} s)",
+        ],
+        [
+            common.Target("world2 errors while world1 recovered", errors, 0),
+            common.Target("world1 back with warm spares, median", spare.median, 1.0, "s"),
+            common.Target(
+                "world1 back, median, vs the whole-group restart", recovery.median / restart.median, 1.0, "x"
+            ),
+        ],
     )
     if args.json:
         common.json_line(results)

@@ -53,12 +53,25 @@ KUBELET_ENCODING = "json"
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--failures", type=common.positive(int), default=None,
-                   help="pod failures timed for react (default 20; 3 with --quick)")
-    p.add_argument("--repeats", type=common.positive(int), default=None,
-                   help="world failures counted per MultiWorld size (default 3; 1 with --quick)")
-    p.add_argument("--as", dest="credentials", choices=("chart", "admin"), default="chart",
-                   help="the operator's credentials: the chart's ServiceAccount (default) or the cluster admin")
+    p.add_argument(
+        "--failures",
+        type=common.positive(int),
+        default=None,
+        help="pod failures timed for react (default 20; 3 with --quick)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=common.positive(int),
+        default=None,
+        help="world failures counted per MultiWorld size (default 3; 1 with --quick)",
+    )
+    p.add_argument(
+        "--as",
+        dest="credentials",
+        choices=("chart", "admin"),
+        default="chart",
+        help="the operator's credentials: the chart's ServiceAccount (default) or the cluster admin",
+    )
     args = p.parse_args(argv)
     args.failures = args.failures or (3 if args.quick else 20)
     args.repeats = args.repeats or (1 if args.quick else 3)
@@ -113,10 +126,17 @@ def mean_writes(runs: list[FailureCost]) -> float:
 
 
 def render_react(samples: list[float]) -> str:
-    row = [str(len(samples)), common.fmt_s(statistics.median(samples)), common.fmt_s(common.p99(samples)),
-           common.fmt_s(min(samples)), common.fmt_s(max(samples))]
-    return (f"react: pod marked Failed -> its replacement exists at the new epoch ({REACT_WORLDS} worlds)\n"
-            + common.table(["failures", "median", "p99", "min", "max"], [row]))
+    row = [
+        str(len(samples)),
+        common.fmt_s(statistics.median(samples)),
+        common.fmt_s(common.p99(samples)),
+        common.fmt_s(min(samples)),
+        common.fmt_s(max(samples)),
+    ]
+    return (
+        f"react: pod marked Failed -> its replacement exists at the new epoch ({REACT_WORLDS} worlds)\n"
+        + common.table(["failures", "median", "p99", "min", "max"], [row])
+    )
 
 
 def render_writes(costs: dict[int, list[FailureCost]]) -> str:
@@ -124,15 +144,22 @@ def render_writes(costs: dict[int, list[FailureCost]]) -> str:
     rows = []
     for worlds, runs in costs.items():
         totals = [c.writes.total() for c in runs]
-        rows.append([
-            str(worlds), str(len(runs)), f"{mean_writes(runs):.2f}", f"{min(totals)}-{max(totals)}",
-            f"{statistics.mean(c.writes.by_encoding('json') for c in runs):.2f}",
-            f"{statistics.mean(c.writes.by_encoding('protobuf') for c in runs):.2f}",
-            *(f"{statistics.mean(c.writes.by_kind()[k] for c in runs):.2f}" for k in kinds),
-        ])
-    return ("API writes per world failure, mean (every client; the stand-in kubelet's left out; "
-            "json: the operator, protobuf: kube-controller-manager)\n"
-            + common.table(["worlds", "failures", "writes", "min-max", "json", "protobuf", *map(label, kinds)], rows))
+        rows.append(
+            [
+                str(worlds),
+                str(len(runs)),
+                f"{mean_writes(runs):.2f}",
+                f"{min(totals)}-{max(totals)}",
+                f"{statistics.mean(c.writes.by_encoding('json') for c in runs):.2f}",
+                f"{statistics.mean(c.writes.by_encoding('protobuf') for c in runs):.2f}",
+                *(f"{statistics.mean(c.writes.by_kind()[k] for c in runs):.2f}" for k in kinds),
+            ]
+        )
+    return (
+        "API writes per world failure, mean (every client; the stand-in kubelet's left out; "
+        "json: the operator, protobuf: kube-controller-manager)\n"
+        + common.table(["worlds", "failures", "writes", "min-max", "json", "protobuf", *map(label, kinds)], rows)
+    )
 
 
 def render_timing(costs: dict[int, list[FailureCost]]) -> str:
@@ -145,8 +172,9 @@ def render_timing(costs: dict[int, list[FailureCost]]) -> str:
             count = sum(c.requests.by_kind()[kind] for c in runs)
             cells.append(common.fmt_s(sum(c.requests.seconds[kind] for c in runs) / count) if count else "-")
         rows.append([str(worlds), common.fmt_s(statistics.median(c.react_s for c in runs)), *cells])
-    return ("react, and the API server's time per write request, mean\n"
-            + common.table(["worlds", "react (median)", *map(label, kinds)], rows))
+    return "react, and the API server's time per write request, mean\n" + common.table(
+        ["worlds", "react (median)", *map(label, kinds)], rows
+    )
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -165,26 +193,37 @@ def measure(scene: Scene, args: Any) -> tuple[list[float], dict[int, list[Failur
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-operator-") as directory, \
-            scene(Path(directory), args.credentials, KUBELET_START_S) as the_scene:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-operator-") as directory,
+        scene(Path(directory), args.credentials, KUBELET_START_S) as the_scene,
+    ):
         react, costs = measure(the_scene, args)
         credentials, loaded = the_scene.credentials, the_scene.loaded
     writes = {worlds: mean_writes(runs) for worlds, runs in costs.items()}
     smallest, largest = min(WORLD_COUNTS), max(WORLD_COUNTS)
     targets = [
         common.Target("react median", statistics.median(react), REACT_LIMIT_S, " s"),
-        common.Target(f"writes per failure, |{largest} worlds - {smallest} worlds|",
-                      abs(writes[largest] - writes[smallest]), 0.0),
+        common.Target(
+            f"writes per failure, |{largest} worlds - {smallest} worlds|", abs(writes[largest] - writes[smallest]), 0.0
+        ),
     ]
-    setup = (f"operator: `multiworld operator` in its own process, as {credentials}\n"
-             f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)")
-    common.report("operator: failure reaction and API writes per world failure (real kube-apiserver)", loaded,
-                  [setup, render_react(react), render_writes(costs), render_timing(costs)], targets)
+    setup = (
+        f"operator: `multiworld operator` in its own process, as {credentials}\n"
+        f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)"
+    )
+    common.report(
+        "operator: failure reaction and API writes per world failure (real kube-apiserver)",
+        loaded,
+        [setup, render_react(react), render_writes(costs), render_timing(costs)],
+        targets,
+    )
     if args.json:
-        common.json_line({
-            "react_s": {"median": statistics.median(react), "p99": common.p99(react)},
-            "writes_per_failure": {str(worlds): value for worlds, value in writes.items()},
-        })
+        common.json_line(
+            {
+                "react_s": {"median": statistics.median(react), "p99": common.p99(react)},
+                "writes_per_failure": {str(worlds): value for worlds, value in writes.items()},
+            }
+        )
     return 0
 
 

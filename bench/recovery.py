@@ -83,21 +83,45 @@ ASSIGNED = re.compile(r"SpareAssigned: warm spare (\S+) plays (\S+) ")
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--kills", type=common.positive(int), default=None,
-                   help="how many times w1:1 is killed (default 5; 1 with --quick)")
-    p.add_argument("--first-after", type=common.positive(float), default=10.0,
-                   help="seconds after every world first ran until the first kill, so that the "
-                        "runner's spares are warm (default 10)")
-    p.add_argument("--spacing", type=common.positive(float), default=15.0,
-                   help="seconds between kills: a recovery, and the runner refilling its spares "
-                        "(default 15)")
-    p.add_argument("--interval", type=common.positive(float), default=0.05,
-                   help="the example's --interval between steps, seconds (default 0.05)")
-    p.add_argument("--spares", action="append", default=None, metavar="[MEMBER=]N",
-                   help="the runner's --spares, passed through (repeatable): N warm spares of every member, "
-                        "or MEMBER=N of one; 0 shows cold starts (default: " + " ".join(DEFAULT_SPARES) + ")")
-    p.add_argument("--imports", type=common.positive(int), default=3,
-                   help="how many times `python -c 'import torch'` is timed (default 3)")
+    p.add_argument(
+        "--kills",
+        type=common.positive(int),
+        default=None,
+        help="how many times w1:1 is killed (default 5; 1 with --quick)",
+    )
+    p.add_argument(
+        "--first-after",
+        type=common.positive(float),
+        default=10.0,
+        help="seconds after every world first ran until the first kill, so that the "
+        "runner's spares are warm (default 10)",
+    )
+    p.add_argument(
+        "--spacing",
+        type=common.positive(float),
+        default=15.0,
+        help="seconds between kills: a recovery, and the runner refilling its spares (default 15)",
+    )
+    p.add_argument(
+        "--interval",
+        type=common.positive(float),
+        default=0.05,
+        help="the example's --interval between steps, seconds (default 0.05)",
+    )
+    p.add_argument(
+        "--spares",
+        action="append",
+        default=None,
+        metavar="[MEMBER=]N",
+        help="the runner's --spares, passed through (repeatable): N warm spares of every member, "
+        "or MEMBER=N of one; 0 shows cold starts (default: " + " ".join(DEFAULT_SPARES) + ")",
+    )
+    p.add_argument(
+        "--imports",
+        type=common.positive(int),
+        default=3,
+        help="how many times `python -c 'import torch'` is timed (default 3)",
+    )
     p.add_argument("--keep-logs", action="store_true", help="keep the members' logs (their folder is printed)")
     args = p.parse_args(argv)
     args.kills = args.kills or (1 if args.quick else 5)
@@ -147,7 +171,7 @@ class Stamped:
 def launch(argv: list[str]) -> None:
     """Run the script argv[0] as __main__ with argv, its output line-stamped; torch is imported
     first, on its own clock."""
-    sys.stdout = Stamped(sys.stdout)  # type: ignore[assignment]
+    sys.stdout = Stamped(sys.stdout)
     print(MARK_UP)
     import torch  # noqa: F401
 
@@ -197,8 +221,11 @@ class RunnerOutput:
         """The kills and spare assignments on the unix clock: the runner's elapsed seconds plus its
         start, estimated as the smallest (read time - elapsed) over its lines (a line is read a
         little after it is written, never before)."""
-        stamped = [(at, float(m.group(1)), m.group(2))
-                   for at, line in zip(self.read_at, self.stderr) if (m := RUNNER_LINE.match(line))]
+        stamped = [
+            (at, float(m.group(1)), m.group(2))
+            for at, line in zip(self.read_at, self.stderr, strict=True)
+            if (m := RUNNER_LINE.match(line))
+        ]
         if not stamped:
             return
         start = min(at - elapsed for at, elapsed, _ in stamped)
@@ -214,7 +241,7 @@ def run_manifest(args: Any, manifest: Path, log_dir: Path) -> RunnerOutput:
     after the last kill."""
     afters = [args.first_after + i * args.spacing for i in range(args.kills)]
     cmd = [sys.executable, "-m", "multiworld_operator.cli", "run", str(manifest), "--json", "--no-view",
-           "--log-dir", str(log_dir), "--workdir", str(common.REPO)]
+           "--log-dir", str(log_dir), "--workdir", str(common.REPO)]  # fmt: skip
     for after in afters:
         cmd += ["--kill", VICTIM, "--after", str(after)]
     for choice in args.spares:
@@ -294,8 +321,9 @@ def replacements(kill: float, until: float, assigned: list[tuple[float, str, str
             marks = incarnations(logs / f"{spare[1]}.log")
             found.append(Replacement(pod, spare[1], True, spare[0], marks[-1] if marks else Incarnation()))
             continue
-        new = next((inc for inc in incarnations(logs / f"{pod}.log")
-                    if inc.up is not None and kill <= inc.up < until), None)
+        new = next(
+            (inc for inc in incarnations(logs / f"{pod}.log") if inc.up is not None and kill <= inc.up < until), None
+        )
         if new is not None:
             found.append(Replacement(pod, pod, False, None, new))
     return found
@@ -331,7 +359,11 @@ def last_of(found: list[Replacement]) -> Replacement | None:
 
 
 def kill_row(
-    index: int, kill: float, recovery: float | None, seen: float | None, back: float | None,
+    index: int,
+    kill: float,
+    recovery: float | None,
+    seen: float | None,
+    back: float | None,
     found: list[Replacement],
 ) -> list[str]:
     """One kill: the recovery, and when the slowest of the replacements got where, from the kill."""
@@ -380,65 +412,116 @@ def coordinate(args: Any) -> int:
         until = run.kills[i + 1] if i + 1 < len(run.kills) else float("inf")
         found = replacements(kill, until, run.assigned, work / "logs")
         per_kill.append(found)
-        rows.append(kill_row(i, kill, recoveries[i] if i < len(recoveries) else None,
-                             after(broke, kill), after(rejoined, kill), found))
+        rows.append(
+            kill_row(
+                i,
+                kill,
+                recoveries[i] if i < len(recoveries) else None,
+                after(broke, kill),
+                after(rejoined, kill),
+                found,
+            )
+        )
     breakdown = common.table(
-        ["kill", "recovery", "leader saw break", "replacements", "spare assigned", "script running",
-         "torch imported", "first step", "leader rejoined"], rows)
+        [
+            "kill",
+            "recovery",
+            "leader saw break",
+            "replacements",
+            "spare assigned",
+            "script running",
+            "torch imported",
+            "first step",
+            "leader rejoined",
+        ],
+        rows,
+    )
     everyone = [r for found in per_kill for r in found]
-    to_first_step = [last.marks.first_step - kill for kill, found in zip(run.kills, per_kill)
-                     if (last := last_of(found)) is not None and last.marks.first_step is not None]
+    to_first_step = [
+        last.marks.first_step - kill
+        for kill, found in zip(run.kills, per_kill, strict=True)
+        if (last := last_of(found)) is not None and last.marks.first_step is not None
+    ]
     warnings = []
     short = [i + 1 for i, found in enumerate(per_kill) if len(found) < len(EXCLUSIVE_PODS)]
     if short:
-        warnings.append(f"warning: kill(s) {', '.join(map(str, short))}: fewer than {len(EXCLUSIVE_PODS)} "
-                        f"replacements found for {', '.join(EXCLUSIVE_PODS)} (see --keep-logs)")
+        warnings.append(
+            f"warning: kill(s) {', '.join(map(str, short))}: fewer than {len(EXCLUSIVE_PODS)} "
+            f"replacements found for {', '.join(EXCLUSIVE_PODS)} (see --keep-logs)"
+        )
     if world1["failures"] != len(run.kills) or len(recoveries) != len(run.kills):
-        warnings.append(f"warning: {len(run.kills)} kills, but {BROKEN_WORLD} had {world1['failures']} failures and "
-                        f"{len(recoveries)} recoveries (a failure the bench did not cause, or overlapping "
-                        "recoveries: see --keep-logs)")
+        warnings.append(
+            f"warning: {len(run.kills)} kills, but {BROKEN_WORLD} had {world1['failures']} failures and "
+            f"{len(recoveries)} recoveries (a failure the bench did not cause, or overlapping "
+            "recoveries: see --keep-logs)"
+        )
 
     median_step = statistics.median(common.gaps(steps))
-    windows = [(k, k + r + 1.0) for k, r in zip(run.kills, recoveries)]
+    windows = [(k, k + r + 1.0) for k, r in zip(run.kills, recoveries, strict=False)]
     worst, offset = common.worst_gap_in(steps, windows)
     quiet_windows = [(k - 2.0, k) for k in run.kills]
     quiet, _ = common.worst_gap_in(steps, quiet_windows)
     recovery = common.Spread.of(recoveries)
-    figures = common.table(["figure", "value"], [
-        ["recoveries (min / median / max)",
-         f"{recovery.min:.2f} / {recovery.median:.2f} / {recovery.max:.2f} s over {len(recoveries)} kills"],
-        ["replacements over all kills (runner: " + " ".join(f"--spares {c}" for c in args.spares) + ")",
-         kinds(everyone)],
-        ["kill to the last replacement's first step (min / median / max)",
-         " / ".join(ms(v) for v in common.Spread.of(to_first_step).as_dict().values()) if to_first_step else "-"],
-        ["python -c 'import torch' (median of runs)", f"{torch_import_s:.2f} s ({', '.join(f'{t:.2f}' for t in imports)})"],
-        [f"{UNAFFECTED} median step", common.fmt_s(median_step)],
-        [f"{UNAFFECTED} worst gap in recovery windows / median", f"{worst / median_step:.2f} ({offset:+.2f} s after a kill)"],
-        [f"{UNAFFECTED} worst gap in the 2 s before kills / median", f"{quiet / median_step:.2f}"],
-        [f"{UNAFFECTED} errors / failures", f"{world2['errors']} / {world2['failures']}"],
-        [f"{BROKEN_WORLD} errors raised to the members", str(world1["errors"])],
-        ["orphan processes", str(run.summary["orphans"])],
-    ])
+    figures = common.table(
+        ["figure", "value"],
+        [
+            [
+                "recoveries (min / median / max)",
+                f"{recovery.min:.2f} / {recovery.median:.2f} / {recovery.max:.2f} s over {len(recoveries)} kills",
+            ],
+            [
+                "replacements over all kills (runner: " + " ".join(f"--spares {c}" for c in args.spares) + ")",
+                kinds(everyone),
+            ],
+            [
+                "kill to the last replacement's first step (min / median / max)",
+                " / ".join(ms(v) for v in common.Spread.of(to_first_step).as_dict().values()) if to_first_step else "-",
+            ],
+            [
+                "python -c 'import torch' (median of runs)",
+                f"{torch_import_s:.2f} s ({', '.join(f'{t:.2f}' for t in imports)})",
+            ],
+            [f"{UNAFFECTED} median step", common.fmt_s(median_step)],
+            [
+                f"{UNAFFECTED} worst gap in recovery windows / median",
+                f"{worst / median_step:.2f} ({offset:+.2f} s after a kill)",
+            ],
+            [f"{UNAFFECTED} worst gap in the 2 s before kills / median", f"{quiet / median_step:.2f}"],
+            [f"{UNAFFECTED} errors / failures", f"{world2['errors']} / {world2['failures']}"],
+            [f"{BROKEN_WORLD} errors raised to the members", str(world1["errors"])],
+            ["orphan processes", str(run.summary["orphans"])],
+        ],
+    )
     targets = [
         common.Target("median recovery", recovery.median, RECOVERY_LIMIT_S, " s"),
         common.Target(f"{UNAFFECTED} worst gap / median step", worst / median_step, GAP_LIMIT),
         common.Target(f"{UNAFFECTED} errors", world2["errors"], 0),
     ]
     notes = f"logs: {work} (runner.log, logs/<pod or spare>.log)" if args.keep_logs else ""
-    common.report("recovery: multiworld run, seed topology, --kill w1:1", load,
-                  [figures, "per kill (times from the kill; the stages are those of the replacement whose first step came "
-                   "last):\n" + breakdown, *warnings, *([notes] if notes else [])],
-                  targets)
+    common.report(
+        "recovery: multiworld run, seed topology, --kill w1:1",
+        load,
+        [
+            figures,
+            "per kill (times from the kill; the stages are those of the replacement whose first step came "
+            "last):\n" + breakdown,
+            *warnings,
+            *([notes] if notes else []),
+        ],
+        targets,
+    )
     if not args.keep_logs:
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
-        common.json_line({
-            "recovery_s": recovery.as_dict(),
-            "torch_import_s": torch_import_s,
-            "unaffected": {"worst_gap_ratio": worst / median_step, "errors": world2["errors"]},
-        })
+        common.json_line(
+            {
+                "recovery_s": recovery.as_dict(),
+                "torch_import_s": torch_import_s,
+                "unaffected": {"worst_gap_ratio": worst / median_step, "errors": world2["errors"]},
+            }
+        )
     return 0
 
 

@@ -59,16 +59,38 @@ AS_FAST_AS = 1.5
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--sizes", type=common.positive(int), nargs="+", default=None,
-                   help=f"MultiWorld sizes in worlds (default {' '.join(map(str, SIZES))})")
-    p.add_argument("--failures", type=common.positive(int), default=None,
-                   help=f"failures timed per size (default {FAILURES}; 3 with --quick)")
-    p.add_argument("--object-worlds", type=common.positive(int), default=None,
-                   help=f"the size whose object alone is measured (default {OBJECT_WORLDS}; 20 with --quick)")
-    p.add_argument("--many", type=common.positive(int), default=None,
-                   help=f"MultiWorlds of {MANY_WORLDS} worlds for the many-MultiWorlds figure (default {MANY}; 3 with --quick)")
-    p.add_argument("--as", dest="credentials", choices=("chart", "admin"), default="chart",
-                   help="the operator's credentials: the chart's ServiceAccount (default) or the cluster admin")
+    p.add_argument(
+        "--sizes",
+        type=common.positive(int),
+        nargs="+",
+        default=None,
+        help=f"MultiWorld sizes in worlds (default {' '.join(map(str, SIZES))})",
+    )
+    p.add_argument(
+        "--failures",
+        type=common.positive(int),
+        default=None,
+        help=f"failures timed per size (default {FAILURES}; 3 with --quick)",
+    )
+    p.add_argument(
+        "--object-worlds",
+        type=common.positive(int),
+        default=None,
+        help=f"the size whose object alone is measured (default {OBJECT_WORLDS}; 20 with --quick)",
+    )
+    p.add_argument(
+        "--many",
+        type=common.positive(int),
+        default=None,
+        help=f"MultiWorlds of {MANY_WORLDS} worlds for the many-MultiWorlds figure (default {MANY}; 3 with --quick)",
+    )
+    p.add_argument(
+        "--as",
+        dest="credentials",
+        choices=("chart", "admin"),
+        default="chart",
+        help="the operator's credentials: the chart's ServiceAccount (default) or the cluster admin",
+    )
     args = p.parse_args(argv)
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
     args.failures = args.failures or (3 if args.quick else FAILURES)
@@ -79,8 +101,10 @@ def parse_args(argv: Sequence[str] | None) -> Any:
 
 def served_object(scene: Scene, name: str) -> bytes:
     """The MultiWorld as the API server serves it (what etcd's limit applies to)."""
-    response = client.CustomObjectsApi(scene.api).get_namespaced_custom_object(
-        GROUP, VERSION, scene.kube.namespace, PLURAL, name, _preload_content=False)
+    # The raw urllib3 response (_preload_content=False), not the object the client's annotations name.
+    response: Any = client.CustomObjectsApi(scene.api).get_namespaced_custom_object(
+        GROUP, VERSION, scene.kube.namespace, PLURAL, name, _preload_content=False
+    )
     return bytes(response.data)
 
 
@@ -93,7 +117,8 @@ def delete(scene: Scene, name: str) -> None:
     and wait until they are gone, so the next size starts clean."""
     scene.kube.delete(name)
     client.CoreV1Api(scene.api).delete_collection_namespaced_pod(
-        scene.kube.namespace, label_selector=f"{NAME_LABEL}={name}", grace_period_seconds=0)
+        scene.kube.namespace, label_selector=f"{NAME_LABEL}={name}", grace_period_seconds=0
+    )
     wait_for(f"the pods of {name} gone", lambda: not scene.kube.pods(name))
 
 
@@ -129,9 +154,14 @@ def measure_size(scene: Scene, worlds: int, failures: int) -> dict[str, float]:
             before = watch.channel.bytes_received
             reacts.append(fail_and_recover(scene, name, k % max(1, worlds - 1)))
             received.append((watch.channel.bytes_received - before) / 1024)
-    figures = {"create_s": create_s, "object_kib": size_kib, "react_s": statistics.median(reacts),
-               "react_p99_s": common.p99(reacts), "worker_watch_kib_per_failure": statistics.mean(received),
-               "operator_rss_mib": scene.operator.peak_rss_mib()}
+    figures = {
+        "create_s": create_s,
+        "object_kib": size_kib,
+        "react_s": statistics.median(reacts),
+        "react_p99_s": common.p99(reacts),
+        "worker_watch_kib_per_failure": statistics.mean(received),
+        "operator_rss_mib": scene.operator.peak_rss_mib(),
+    }
     print(f"{worlds} worlds: {figures}", file=sys.stderr, flush=True)
     delete(scene, name)
     return figures
@@ -144,9 +174,12 @@ def measure_object(scene: Scene, worlds: int) -> dict[str, float]:
     start(scene, name, worlds, policy=None)
     raw = served_object(scene, name)
     body = json.loads(raw)
-    parts = {"total": len(raw) / 1024,
-             "spec": _kib(body["spec"]), "status": _kib(body["status"]),
-             "managedFields": _kib(body["metadata"].get("managedFields", []))}
+    parts = {
+        "total": len(raw) / 1024,
+        "spec": _kib(body["spec"]),
+        "status": _kib(body["status"]),
+        "managedFields": _kib(body["metadata"].get("managedFields", [])),
+    }
     delete(scene, name)
     return parts
 
@@ -166,8 +199,11 @@ def measure_many(scene: Scene, count: int, failures: int) -> dict[str, float]:
     for i in range(1, count):
         start(scene, star_name(i), MANY_WORLDS)
     many = [fail_and_recover(scene, star_name(1 + k % (count - 1)), k % MANY_WORLDS) for k in range(failures)]
-    return {"single_react_s": statistics.median(single), "react_s": statistics.median(many),
-            "operator_rss_mib": scene.operator.peak_rss_mib()}
+    return {
+        "single_react_s": statistics.median(single),
+        "react_s": statistics.median(many),
+        "operator_rss_mib": scene.operator.peak_rss_mib(),
+    }
 
 
 def growth(small: float, large: float) -> float:
@@ -180,8 +216,10 @@ def growth(small: float, large: float) -> float:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     by_size: dict[int, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-scale-") as directory, \
-            scene(Path(directory), args.credentials, KUBELET_START_S) as the_scene:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-scale-") as directory,
+        scene(Path(directory), args.credentials, KUBELET_START_S) as the_scene,
+    ):
         for worlds in args.sizes:
             by_size[worlds] = measure_size(the_scene, worlds, args.failures)
         big_object = measure_object(the_scene, args.object_worlds)
@@ -189,15 +227,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         credentials, loaded = the_scene.credentials, the_scene.loaded
 
     smallest, largest = min(by_size), max(by_size)
-    rows = [[str(w), common.fmt_s(f["create_s"]), f"{f['object_kib']:.1f}", common.fmt_s(f["react_s"]),
-             common.fmt_s(f["react_p99_s"]), f"{f['worker_watch_kib_per_failure']:.2f}", f"{f['operator_rss_mib']:.0f}"]
-            for w, f in by_size.items()]
+    rows = [
+        [
+            str(w),
+            common.fmt_s(f["create_s"]),
+            f"{f['object_kib']:.1f}",
+            common.fmt_s(f["react_s"]),
+            common.fmt_s(f["react_p99_s"]),
+            f"{f['worker_watch_kib_per_failure']:.2f}",
+            f"{f['operator_rss_mib']:.0f}",
+        ]
+        for w, f in by_size.items()
+    ]
     body = [
         f"operator: `multiworld operator` in its own process, as {credentials}\n"
         f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)\n"
-        f"MultiWorlds: a leader in every world w<i>, one exclusive pod m<i>-0 per world; {args.failures} failures per size",
-        common.table(["worlds", "create", "object KiB", "react median", "react p99",
-                      "unaffected worker KiB/failure", "operator peak RSS MiB"], rows),
+        f"MultiWorlds: a leader in every world w<i>, one exclusive pod m<i>-0 per world; "
+        f"{args.failures} failures per size",
+        common.table(
+            [
+                "worlds",
+                "create",
+                "object KiB",
+                "react median",
+                "react p99",
+                "unaffected worker KiB/failure",
+                "operator peak RSS MiB",
+            ],
+            rows,
+        ),
         f"object at {args.object_worlds} worlds (every world Running, the default failure policy): "
         f"{big_object['total']:.1f} KiB: spec {big_object['spec']:.1f}, status {big_object['status']:.1f}, "
         f"managedFields {big_object['managedFields']:.1f}",
@@ -205,31 +263,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"one alone, before the others existed: {common.fmt_s(many['single_react_s'])}; "
         f"operator peak RSS {many['operator_rss_mib']:.0f} MiB",
     ]
-    watch_growth = growth(by_size[smallest]["worker_watch_kib_per_failure"], by_size[largest]["worker_watch_kib_per_failure"])
+    watch_growth = growth(
+        by_size[smallest]["worker_watch_kib_per_failure"], by_size[largest]["worker_watch_kib_per_failure"]
+    )
     targets = [
-        *(common.Target(f"react median at {w} worlds", by_size[w]["react_s"], REACT_LIMIT_S, " s") for w in (smallest, largest)),
-        common.Target(f"unaffected worker's bytes per failure, {largest} vs {smallest} worlds", watch_growth,
-                      WATCH_GROWTH_LIMIT, "x"),
+        *(
+            common.Target(f"react median at {w} worlds", by_size[w]["react_s"], REACT_LIMIT_S, " s")
+            for w in (smallest, largest)
+        ),
+        common.Target(
+            f"unaffected worker's bytes per failure, {largest} vs {smallest} worlds",
+            watch_growth,
+            WATCH_GROWTH_LIMIT,
+            "x",
+        ),
         common.Target(f"object at {args.object_worlds} worlds", big_object["total"], OBJECT_LIMIT_KIB, " KiB"),
         common.Target(f"create at {largest} worlds", by_size[largest]["create_s"], CREATE_LIMIT_S, " s"),
-        common.Target(f"operator peak RSS at {largest} worlds", by_size[largest]["operator_rss_mib"],
-                      OPERATOR_RSS_LIMIT_MIB, " MiB"),
-        common.Target(f"react of {args.many} MultiWorlds vs one alone", many["react_s"] / many["single_react_s"],
-                      AS_FAST_AS, "x"),
+        common.Target(
+            f"operator peak RSS at {largest} worlds",
+            by_size[largest]["operator_rss_mib"],
+            OPERATOR_RSS_LIMIT_MIB,
+            " MiB",
+        ),
+        common.Target(
+            f"react of {args.many} MultiWorlds vs one alone", many["react_s"] / many["single_react_s"], AS_FAST_AS, "x"
+        ),
     ]
-    common.report("scale: a MultiWorld of many worlds, and many MultiWorlds (real kube-apiserver)", loaded, body, targets)
+    common.report(
+        "scale: a MultiWorld of many worlds, and many MultiWorlds (real kube-apiserver)", loaded, body, targets
+    )
     if args.json:
+
         def per(key: str) -> dict[str, float]:
             return {str(w): f[key] for w, f in by_size.items()}
 
-        common.json_line({
-            "react_s": per("react_s"),
-            "object_kib": {**per("object_kib"), str(args.object_worlds): big_object["total"]},
-            "worker_watch_kib_per_failure": per("worker_watch_kib_per_failure"),
-            "create_s": per("create_s"),
-            "operator_rss_mib": per("operator_rss_mib"),
-            "many": {"react_s": many["react_s"], "single_react_s": many["single_react_s"]},
-        })
+        common.json_line(
+            {
+                "react_s": per("react_s"),
+                "object_kib": {**per("object_kib"), str(args.object_worlds): big_object["total"]},
+                "worker_watch_kib_per_failure": per("worker_watch_kib_per_failure"),
+                "create_s": per("create_s"),
+                "operator_rss_mib": per("operator_rss_mib"),
+                "many": {"react_s": many["react_s"], "single_react_s": many["single_react_s"]},
+            }
+        )
     return 0
 
 

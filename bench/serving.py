@@ -58,16 +58,31 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--replicas", type=common.positive(int), default=None, help="replicas (default 4; 2 with --quick)")
     p.add_argument("--kills", type=common.positive(int), default=None, help="replica kills (default 5; 2 with --quick)")
-    p.add_argument("--every", type=common.positive(float), default=None,
-                   help="seconds between kills (default 10; 4 with --quick)")
-    p.add_argument("--steady", type=common.positive(float), default=None,
-                   help="seconds of the steady window before the first kill (default 10; 3 with --quick)")
-    p.add_argument("--warmup", type=common.positive(float), default=None,
-                   help="seconds after every world first ran before the steady window, while the runner "
-                        "starts its warm spares, one per replica (default 5; 3 with --quick)")
-    p.add_argument("--capacity-requests", type=common.positive(int), default=None,
-                   help="requests of the capacity run (default 3000; 300 with --quick)")
-    p.add_argument("--keep-logs", action="store_true", help="keep the members' logs and traces (their folder is printed)")
+    p.add_argument(
+        "--every", type=common.positive(float), default=None, help="seconds between kills (default 10; 4 with --quick)"
+    )
+    p.add_argument(
+        "--steady",
+        type=common.positive(float),
+        default=None,
+        help="seconds of the steady window before the first kill (default 10; 3 with --quick)",
+    )
+    p.add_argument(
+        "--warmup",
+        type=common.positive(float),
+        default=None,
+        help="seconds after every world first ran before the steady window, while the runner "
+        "starts its warm spares, one per replica (default 5; 3 with --quick)",
+    )
+    p.add_argument(
+        "--capacity-requests",
+        type=common.positive(int),
+        default=None,
+        help="requests of the capacity run (default 3000; 300 with --quick)",
+    )
+    p.add_argument(
+        "--keep-logs", action="store_true", help="keep the members' logs and traces (their folder is printed)"
+    )
     args = p.parse_args(argv)
     quick = args.quick
     args.replicas = args.replicas or (2 if quick else 4)
@@ -109,7 +124,8 @@ def run_manifest(manifest: Path, log_dir: Path, kills: Sequence[tuple[float, int
     """`multiworld run` until the router has served every request and stopped the replicas;
     kills: (seconds after every world first ran, replica)."""
     cmd = [sys.executable, "-m", "multiworld_operator.cli", "run", str(manifest), "--json", "--no-view",
-           "--log-dir", str(log_dir), "--workdir", str(common.REPO), "--duration", f"{expected_s + RUN_SLACK_S:g}"]
+           "--log-dir", str(log_dir), "--workdir", str(common.REPO),
+           "--duration", f"{expected_s + RUN_SLACK_S:g}"]  # fmt: skip
     for after, replica in kills:
         cmd += ["--kill", f"replica{replica}", "--after", f"{after:g}"]
     run = Run(summary={})
@@ -142,8 +158,14 @@ class Trace:
         if "start" not in by_kind or "end" not in by_kind:
             raise RuntimeError(f"the router's trace {path} has no start or no end: the router did not finish")
         start = by_kind["start"][-1]
-        return cls(start=start["at"], requests=start["requests"], answers=by_kind.get("answer", []),
-                   broke=by_kind.get("broke", []), back=by_kind.get("back", []), end=by_kind["end"][-1])
+        return cls(
+            start=start["at"],
+            requests=start["requests"],
+            answers=by_kind.get("answer", []),
+            broke=by_kind.get("broke", []),
+            back=by_kind.get("back", []),
+            end=by_kind["end"][-1],
+        )
 
     @property
     def lost(self) -> int:
@@ -154,8 +176,9 @@ class Trace:
         return len(self.answers) - len({a["id"] for a in self.answers})
 
 
-def serve(args: Any, work: Path, label: str, flags: list[str], kills: Sequence[tuple[float, int]],
-          expected_s: float) -> tuple[Run, Trace]:
+def serve(
+    args: Any, work: Path, label: str, flags: list[str], kills: Sequence[tuple[float, int]], expected_s: float
+) -> tuple[Run, Trace]:
     trace_path = work / f"{label}.trace.jsonl"
     manifest = work / f"{label}.yaml"
     write_manifest(manifest, args.replicas, [*flags, "--trace", str(trace_path)])
@@ -238,8 +261,14 @@ def coordinate(args: Any) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-serving-"))
     try:
         # Expected: ten seconds or so at the slowest this machine served.
-        _, probe = serve(args, work, "capacity", ["--requests", str(args.capacity_requests), "--rate", "0"], [],
-                         args.capacity_requests / 50)
+        _, probe = serve(
+            args,
+            work,
+            "capacity",
+            ["--requests", str(args.capacity_requests), "--rate", "0"],
+            [],
+            args.capacity_requests / 50,
+        )
         full = capacity(probe)
         rate = full / 2
         first = args.warmup + args.steady
@@ -247,8 +276,9 @@ def coordinate(args: Any) -> int:
         # The stream goes on for a kill interval after the last kill.
         length = first + args.kills * args.every
         requests = math.ceil(rate * length)
-        run, trace = serve(args, work, "failures", ["--requests", str(requests), "--rate", f"{rate:.3f}"], kills,
-                           length)
+        run, trace = serve(
+            args, work, "failures", ["--requests", str(requests), "--rate", f"{rate:.3f}"], kills, length
+        )
         present(args, load, full, rate, requests, run, trace)
     finally:
         if args.keep_logs:
@@ -279,50 +309,75 @@ def present(args: Any, load: str, full: float, rate: float, requests: int, run: 
     replicas_killed = [f.replica for f in failed]
 
     rows = []
-    for i, (f, dip) in enumerate(zip(failed, dips)):
+    for i, (f, dip) in enumerate(zip(failed, dips, strict=True)):
         in_window = done_in(trace, [windows[i]])
-        rows.append([str(i + 1), f"replica{f.replica}", f"{f.killed - trace.start:.1f} s",
-                     ms(f.seen - f.killed if f.seen else None), str(f.resent),
-                     "-" if f.back is None else f"{f.back - f.killed:.2f} s",
-                     ms(p99([a["done"] - a["arrived"] for a in in_window])), f"{dip:.1f} s"])
-    per_kill = common.table(["kill", "replica", "at", "router saw it", "re-sent", "world back after",
-                             "p99 in window", "dip"], rows)
-    figures = common.table(["figure", "value"], [
-        ["capacity (--rate 0, middle 80 % of answers)", f"{full:.1f} req/s with {args.replicas} replicas"],
-        ["offered rate (half the capacity)", f"{rate:.1f} req/s, {requests} requests"],
-        [f"steady throughput ({args.steady:g} s before the first kill)", f"{steady_rps:.1f} req/s"],
-        ["p99 latency: steady (baseline) / during failures", f"{ms(p99_steady)} / {ms(p99_failure)}"],
-        ["p99 during failures, re-sent requests left out", ms(p99([a["done"] - a["arrived"] for a in during
-                                                                   if a["attempts"] == 1]))],
-        ["re-sent requests' latency: median / max", f"{ms(median(resent))} / {ms(max(resent, default=math.nan))}"],
-        [f"longest dip below {args.replicas - 1}/{args.replicas} of steady: steady window (baseline) / kills",
-         f"{steady_dip:.1f} s / {max(dips):.1f} s"],
-        ["answers / re-sent (retried) / lost / duplicates",
-         f"{len(trace.answers)} / {trace.end['retried']} / {trace.lost} / {trace.duplicates}"],
-        ["answers checked against the model / wrong", f"{trace.end['checked']} / {trace.end['wrong']}"],
-        ["orphan processes", str(run.summary["orphans"])],
-    ])
-    distinct = all(a != b for a, b in zip(replicas_killed, replicas_killed[1:]))
+        rows.append(
+            [
+                str(i + 1),
+                f"replica{f.replica}",
+                f"{f.killed - trace.start:.1f} s",
+                ms(f.seen - f.killed if f.seen else None),
+                str(f.resent),
+                "-" if f.back is None else f"{f.back - f.killed:.2f} s",
+                ms(p99([a["done"] - a["arrived"] for a in in_window])),
+                f"{dip:.1f} s",
+            ]
+        )
+    per_kill = common.table(
+        ["kill", "replica", "at", "router saw it", "re-sent", "world back after", "p99 in window", "dip"], rows
+    )
+    figures = common.table(
+        ["figure", "value"],
+        [
+            ["capacity (--rate 0, middle 80 % of answers)", f"{full:.1f} req/s with {args.replicas} replicas"],
+            ["offered rate (half the capacity)", f"{rate:.1f} req/s, {requests} requests"],
+            [f"steady throughput ({args.steady:g} s before the first kill)", f"{steady_rps:.1f} req/s"],
+            ["p99 latency: steady (baseline) / during failures", f"{ms(p99_steady)} / {ms(p99_failure)}"],
+            [
+                "p99 during failures, re-sent requests left out",
+                ms(p99([a["done"] - a["arrived"] for a in during if a["attempts"] == 1])),
+            ],
+            ["re-sent requests' latency: median / max", f"{ms(median(resent))} / {ms(max(resent, default=math.nan))}"],
+            [
+                f"longest dip below {args.replicas - 1}/{args.replicas} of steady: steady window (baseline) / kills",
+                f"{steady_dip:.1f} s / {max(dips):.1f} s",
+            ],
+            [
+                "answers / re-sent (retried) / lost / duplicates",
+                f"{len(trace.answers)} / {trace.end['retried']} / {trace.lost} / {trace.duplicates}",
+            ],
+            ["answers checked against the model / wrong", f"{trace.end['checked']} / {trace.end['wrong']}"],
+            ["orphan processes", str(run.summary["orphans"])],
+        ],
+    )
+    distinct = all(a != b for a, b in zip(replicas_killed, replicas_killed[1:], strict=False))
     targets = [
         common.Target("lost requests", trace.lost, 0),
         common.Target("duplicate answers", trace.duplicates, 0),
         common.Target("wrong answers", trace.end["wrong"], 0),
         common.Target("p99 during failures / steady p99", p99_failure / p99_steady, P99_RATIO_LIMIT),
         common.Target("longest dip of any kill", max(dips), DIP_LIMIT_S, " s"),
-        common.Target("kills missing, or the same replica twice running",
-                      (args.kills - len(failed)) + (0 if distinct else 1), 0),
+        common.Target(
+            "kills missing, or the same replica twice running", (args.kills - len(failed)) + (0 if distinct else 1), 0
+        ),
         common.Target("killed replicas' worlds not back", sum(f.back is None for f in failed), 0),
     ]
-    common.report(f"serving: examples/serving, {args.replicas} replicas, a replica killed every {args.every:g} s",
-                  load, [figures, "per kill (times from the kill):\n" + per_kill], targets)
+    common.report(
+        f"serving: examples/serving, {args.replicas} replicas, a replica killed every {args.every:g} s",
+        load,
+        [figures, "per kill (times from the kill):\n" + per_kill],
+        targets,
+    )
     if args.json:
-        common.json_line({
-            "steady_rps": steady_rps,
-            "lost": trace.lost,
-            "duplicates": trace.duplicates,
-            "p99_ms": {"steady": p99_steady * 1e3, "during_failure": p99_failure * 1e3},
-            "dip_s": max(dips),
-        })
+        common.json_line(
+            {
+                "steady_rps": steady_rps,
+                "lost": trace.lost,
+                "duplicates": trace.duplicates,
+                "p99_ms": {"steady": p99_steady * 1e3, "during_failure": p99_failure * 1e3},
+                "dip_s": max(dips),
+            }
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,21 +32,42 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a MultiWorld manifest as local processes, no cluster needed")
     run.add_argument("file", type=Path, help="YAML file holding a MultiWorld manifest")
     run.add_argument("--duration", type=_positive, help="stop everything after SECONDS")
-    run.add_argument("--kill", action="append", default=[], metavar="MEMBER[:ORDINAL]",
-                     help="SIGKILL a member's pod (repeatable, paired in order with --after)")
-    run.add_argument("--after", action="append", default=[], type=_non_negative, metavar="SECONDS",
-                     help="when the matching --kill happens: seconds after every world first ran")
-    run.add_argument("--chaos", type=_non_negative, default=0.0, metavar="KILLS_PER_MINUTE",
-                     help="kill random members at this average rate, once every world ran")
+    run.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="MEMBER[:ORDINAL]",
+        help="SIGKILL a member's pod (repeatable, paired in order with --after)",
+    )
+    run.add_argument(
+        "--after",
+        action="append",
+        default=[],
+        type=_non_negative,
+        metavar="SECONDS",
+        help="when the matching --kill happens: seconds after every world first ran",
+    )
+    run.add_argument(
+        "--chaos",
+        type=_non_negative,
+        default=0.0,
+        metavar="KILLS_PER_MINUTE",
+        help="kill random members at this average rate, once every world ran",
+    )
     run.add_argument("--seed", type=int, help="random seed for --chaos and random ordinals")
     run.add_argument("--log-dir", type=Path, help="where each member's output goes (default: a temp dir)")
     run.add_argument("--workdir", type=Path, help="working directory of the members (default: found from the command)")
     run.add_argument("--json", action="store_true", help="end with the summary as one JSON line")
     run.add_argument("--no-view", action="store_true", help="no live view; log state changes instead")
-    run.add_argument("--spares", action="append", default=[], metavar="[MEMBER=]N",
-                     help="warm spares of every member (N) or of one (MEMBER=N, repeatable) for this run, overriding "
-                          "spec.members[].spares: processes of the member's command waiting in init_from_env() to "
-                          "replace a dead pod at once (0: none)")
+    run.add_argument(
+        "--spares",
+        action="append",
+        default=[],
+        metavar="[MEMBER=]N",
+        help="warm spares of every member (N) or of one (MEMBER=N, repeatable) for this run, overriding "
+        "spec.members[].spares: processes of the member's command waiting in init_from_env() to "
+        "replace a dead pod at once (0: none)",
+    )
 
     op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")

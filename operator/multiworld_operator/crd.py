@@ -18,8 +18,19 @@ from .planner.status import StatusView
 from .spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR, MultiWorldSpec
 
 # JSON-schema keywords a structural schema keeps as they are.
-_KEPT = ("description", "format", "pattern", "enum", "minimum", "maximum", "minLength", "maxLength",
-         "minItems", "maxItems", "x-kubernetes-map-type")
+_KEPT = (
+    "description",
+    "format",
+    "pattern",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "x-kubernetes-map-type",
+)
 
 
 def crd() -> dict[str, Any]:
@@ -75,8 +86,12 @@ def crd_yaml() -> str:
 def _printer_columns() -> list[dict[str, Any]]:
     return [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Worlds", "type": "string", "jsonPath": ".status.worldsReady",
-         "description": "Running worlds / all worlds"},
+        {
+            "name": "Worlds",
+            "type": "string",
+            "jsonPath": ".status.worldsReady",
+            "description": "Running worlds / all worlds",
+        },
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

@@ -113,20 +113,22 @@ def _check_duration(value: str) -> str:
 
 
 class _SpecModel(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
 
 
 class Backoff(_SpecModel):
     """Delay before a world's k-th restart within the window: 0 for the first, then
     `initialDelay * factor**(k-2)`, capped at `maxDelay`."""
 
-    initial_delay: str = Field(default="1s", json_schema_extra=_DURATION_SCHEMA,
-                               description="Delay before the second restart within the window.")
+    initial_delay: str = Field(
+        default="1s",
+        json_schema_extra=_DURATION_SCHEMA,
+        description="Delay before the second restart within the window.",
+    )
     max_delay: str = Field(default="1m", json_schema_extra=_DURATION_SCHEMA, description="Longest delay.")
-    factor: float = Field(default=2.0, ge=1.0, le=MAX_FACTOR,
-                          description="Each further restart waits this many times longer.")
+    factor: float = Field(
+        default=2.0, ge=1.0, le=MAX_FACTOR, description="Each further restart waits this many times longer."
+    )
 
     _durations = field_validator("initial_delay", "max_delay")(_check_duration)
 
@@ -147,8 +149,9 @@ class FailurePolicy(_SpecModel):
     """At most `maxRestarts` restarts of a world within any `window`; then the world is Failed."""
 
     max_restarts: int = Field(default=10, ge=0, le=MAX_RESTARTS, description="Restarts allowed within `window`.")
-    window: str = Field(default="1h", json_schema_extra=_DURATION_SCHEMA,
-                        description="A duration such as 30s, 5m, 1h or 1h30m.")
+    window: str = Field(
+        default="1h", json_schema_extra=_DURATION_SCHEMA, description="A duration such as 30s, 5m, 1h or 1h30m."
+    )
     backoff: Backoff = Field(default_factory=Backoff, description="Delays between restarts; the first is immediate.")
 
     _window = field_validator("window")(_check_duration)
@@ -167,9 +170,11 @@ class Member(_SpecModel):
         default=None, description="A PodTemplateSpec replacing spec.template for this member."
     )
     spares: int = Field(
-        default=0, ge=0, le=MAX_SPARES,
+        default=0,
+        ge=0,
+        le=MAX_SPARES,
         description="Warm spare pods of this member's template kept running, each waiting in init_from_env() "
-                    "for an identity: a failed pod of this member is replaced by a spare instead of a new pod.",
+        "for an identity: a failed pod of this member is replaced by a spare instead of a new pod.",
     )
 
 
@@ -194,12 +199,12 @@ class MultiWorldSpec(_SpecModel):
     network_policy: bool = Field(
         default=True,
         description="A NetworkPolicy admitting traffic to the pods only from this MultiWorld's own pods (any port: "
-                    "stores and communicators) and from anywhere on the ports the templates declare.",
+        "stores and communicators) and from anywhere on the ports the templates declare.",
     )
-    members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS,
-                                  description="Pods, declared once.")
-    worlds: list[World] = Field(min_length=1, max_length=MAX_WORLDS,
-                                description="Communication groups, many-to-many with members.")
+    members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS, description="Pods, declared once.")
+    worlds: list[World] = Field(
+        min_length=1, max_length=MAX_WORLDS, description="Communication groups, many-to-many with members."
+    )
 
 
 class Metadata(BaseModel):
@@ -287,8 +292,10 @@ class MultiWorld(_SpecModel):
 
     @cached_property
     def _template_digests(self) -> dict[str, str]:
-        texts = {m.name: json.dumps(self.template_of(m.name), sort_keys=True, separators=(",", ":"))
-                 for m in self.spec.members}
+        texts = {
+            m.name: json.dumps(self.template_of(m.name), sort_keys=True, separators=(",", ":"))
+            for m in self.spec.members
+        }
         return {name: hashlib.sha256(text.encode()).hexdigest()[:16] for name, text in texts.items()}
 
     # -- worlds -----------------------------------------------------------------------------

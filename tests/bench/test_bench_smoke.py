@@ -27,13 +27,18 @@ def excerpt(output: str, tail: int = 3000, lines: int = 30) -> str:
     (the first cause; what follows often only results from it), then the last `tail` characters."""
     split = output.splitlines()
     first = next((i for i, line in enumerate(split) if FAILURE.search(line)), None)
-    head = "\n".join(split[first:first + lines])[:tail] if first is not None else ""
+    head = "\n".join(split[first : first + lines])[:tail] if first is not None else ""
     return output[-tail:] if head in output[-tail:] else f"{head}\n[...]\n{output[-tail:]}"
 
 
 def run_bench(name: str) -> dict[str, Any]:
-    result = subprocess.run([sys.executable, str(BENCH / name), "--quick", "--json"], capture_output=True,
-                            text=True, timeout=RUN_S, check=False)
+    result = subprocess.run(
+        [sys.executable, str(BENCH / name), "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=RUN_S,
+        check=False,
+    )
     assert result.returncode == 0, excerpt(result.stdout) + excerpt(result.stderr)
     lines = result.stdout.strip().splitlines()
     # The readable report comes first, with a verdict per target; the JSON line is the last.
@@ -52,8 +57,12 @@ def error_count(value: Any) -> bool:
 
 
 def spread(value: Any) -> bool:
-    return (isinstance(value, dict) and set(value) == {"min", "median", "max"}
-            and all(positive(v) for v in value.values()) and value["min"] <= value["median"] <= value["max"])
+    return (
+        isinstance(value, dict)
+        and set(value) == {"min", "median", "max"}
+        and all(positive(v) for v in value.values())
+        and value["min"] <= value["median"] <= value["max"]
+    )
 
 
 @pytest.mark.timeout(RUN_S + 60)

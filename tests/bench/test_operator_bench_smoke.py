@@ -21,8 +21,9 @@ RUN_S = 900
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_quick_run_reports_react_and_writes_per_failure() -> None:
-    result = subprocess.run([sys.executable, str(BENCH), "--quick", "--json"], capture_output=True, text=True,
-                            timeout=RUN_S, check=False)
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--json"], capture_output=True, text=True, timeout=RUN_S, check=False
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     figures = json.loads(lines[-1])
@@ -42,15 +43,30 @@ SCALE = BENCH.parent / "scale.py"
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_scale_quick_run_reports_every_figure() -> None:
-    result = subprocess.run([sys.executable, str(SCALE), "--quick", "--json"], capture_output=True, text=True,
-                            timeout=RUN_S, check=False)
+    result = subprocess.run(
+        [sys.executable, str(SCALE), "--quick", "--json"], capture_output=True, text=True, timeout=RUN_S, check=False
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(figures) == {"react_s", "object_kib", "worker_watch_kib_per_failure", "create_s", "operator_rss_mib", "many"}
+    assert set(figures) == {
+        "react_s",
+        "object_kib",
+        "worker_watch_kib_per_failure",
+        "create_s",
+        "operator_rss_mib",
+        "many",
+    }
     assert set(figures["react_s"]) == set(figures["create_s"]) == {"2", "10"}
     assert set(figures["object_kib"]) == {"2", "10", "20"}
     assert figures["object_kib"]["2"] < figures["object_kib"]["10"] < figures["object_kib"]["20"]
-    assert all(v > 0 for v in [*figures["react_s"].values(), *figures["create_s"].values(),
-                               *figures["operator_rss_mib"].values(), figures["many"]["react_s"]])
+    assert all(
+        v > 0
+        for v in [
+            *figures["react_s"].values(),
+            *figures["create_s"].values(),
+            *figures["operator_rss_mib"].values(),
+            figures["many"]["react_s"],
+        ]
+    )
     # An unaffected worker's channel: nothing, or a few bookmarks, whatever the size.
     assert all(0 <= v < 4 for v in figures["worker_watch_kib_per_failure"].values()), figures

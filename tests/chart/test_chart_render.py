@@ -152,11 +152,13 @@ def test_image_and_health_port_come_from_values(chart: helm.Chart, render: Calla
     default_image = f"{chart.values['image']['repository']}:{chart.metadata['appVersion']}"
     assert container(render())["image"] == default_image
     main = container(
-        render({
-            "image": {"repository": "registry.example/mw-op", "tag": "1.2.3", "pullPolicy": "Always"},
-            "healthPort": 9090,
-            "logLevel": "DEBUG",
-        })
+        render(
+            {
+                "image": {"repository": "registry.example/mw-op", "tag": "1.2.3", "pullPolicy": "Always"},
+                "healthPort": 9090,
+                "logLevel": "DEBUG",
+            }
+        )
     )
     assert main["image"] == "registry.example/mw-op:1.2.3"
     assert main["imagePullPolicy"] == "Always"
@@ -190,8 +192,9 @@ def test_workers_get_a_service_account_and_role_where_multiworlds_run(
         binding = rendered.one("RoleBinding", name, namespace)
         assert binding["roleRef"]["name"] == name
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
-    assert sorted(sa["metadata"]["namespace"] for sa in rendered.of_kind("ServiceAccount")
-                  if sa["metadata"]["name"] == name) == sorted(namespaces)
+    assert sorted(
+        sa["metadata"]["namespace"] for sa in rendered.of_kind("ServiceAccount") if sa["metadata"]["name"] == name
+    ) == sorted(namespaces)
     assert f"serviceAccountName: {name}" in rendered.notes
     assert "kubectl get mw" in rendered.notes
     assert "kubectl apply" in rendered.notes
@@ -215,8 +218,15 @@ def test_workers_create_false_renders_no_worker_objects(render: Callable[..., Re
         ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
         ({"logLevel": "LOUD"}, "/logLevel"),
     ],
-    ids=["too-many-replicas", "replicas-not-integer", "unknown-key", "bad-pull-policy",
-         "unknown-nested-key", "bad-namespace", "bad-log-level"],
+    ids=[
+        "too-many-replicas",
+        "replicas-not-integer",
+        "unknown-key",
+        "bad-pull-policy",
+        "unknown-nested-key",
+        "bad-namespace",
+        "bad-log-level",
+    ],
 )
 def test_schema_refuses_bad_values_naming_them(
     chart: helm.Chart, render: Callable[..., Rendered], values: dict[str, Any], named: str

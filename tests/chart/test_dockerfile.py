@@ -224,8 +224,9 @@ sys.exit(main(["crd"]))
 
 
 def test_operator_code_and_entrypoint_run_without_torch() -> None:
-    result = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH], capture_output=True, text=True, timeout=120,
-                            cwd=REPO, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH], capture_output=True, text=True, timeout=120, cwd=REPO, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert "kind: CustomResourceDefinition" in result.stdout
 
@@ -279,7 +280,7 @@ def test_example_manifests_run_scripts_the_worker_image_holds(dockerfile: Docker
         script = str(workdir / command[1])
         (folder,) = [dest for dest in copied if script.startswith(dest + "/")]
         (source,) = copied[folder]
-        assert f"{source}/{script[len(folder) + 1:]}" in context_files(source), command
+        assert f"{source}/{script[len(folder) + 1 :]}" in context_files(source), command
 
 
 def test_wheel_stage_builds_one_wheel_with_both_packages(dockerfile: Dockerfile, tmp_path: Path) -> None:
@@ -301,9 +302,7 @@ def test_wheel_stage_builds_one_wheel_with_both_packages(dockerfile: Dockerfile,
     assert argv[:2] == ["pip", "wheel"] and "--no-deps" in argv
     wheels = tmp_path / "wheels"
     argv[argv.index("--wheel-dir") + 1] = str(wheels)
-    built = subprocess.run(
-        [sys.executable, "-m", *argv], cwd=workdir, capture_output=True, text=True, timeout=300
-    )
+    built = subprocess.run([sys.executable, "-m", *argv], cwd=workdir, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (wheel,) = wheels.glob("multiworld-*.whl")
     with zipfile.ZipFile(wheel) as archive:

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from node import DAEMONS, NAME as NODE_NAME, Node, NodeBinaries, NodeError, node_ip  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # node.py, beside this file
+from node import DAEMONS, NAME as NODE_NAME, Node, NodeBinaries, NodeError, node_ip
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -95,9 +95,7 @@ def _asset_from_env(variable: str, name: str) -> Path | None:
 def build_binaries() -> Path:
     """Run build.sh (a no-op when the cache is complete) and return the cached assets folder."""
     # stderr is inherited so the build's progress lines show; stdout carries only the folder.
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
-    )
+    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
     if result.returncode != 0:
         raise ClusterError(
             f"{BUILD_SCRIPT} failed with exit status {result.returncode} (see its output above); "
@@ -110,9 +108,7 @@ def find_binaries() -> Binaries:
     """Binaries from TEST_ASSET_* / KUBEBUILDER_ASSETS when given, otherwise the cached build."""
     etcd = _asset_from_env("TEST_ASSET_ETCD", "etcd")
     apiserver = _asset_from_env("TEST_ASSET_KUBE_APISERVER", "kube-apiserver")
-    controller_manager = _asset_from_env(
-        "TEST_ASSET_KUBE_CONTROLLER_MANAGER", "kube-controller-manager"
-    )
+    controller_manager = _asset_from_env("TEST_ASSET_KUBE_CONTROLLER_MANAGER", "kube-controller-manager")
     if etcd is not None and apiserver is not None:
         return Binaries(etcd, apiserver, controller_manager)
     built = build_binaries()
@@ -153,9 +149,7 @@ def _kubeconfig(server: str, ca_file: Path, user: str, token: str) -> dict[str, 
     return {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": "multiworld-test", "cluster": {"server": server, "certificate-authority": str(ca_file)}}
-        ],
+        "clusters": [{"name": "multiworld-test", "cluster": {"server": server, "certificate-authority": str(ca_file)}}],
         "users": [{"name": user, "user": {"token": token}}],
         "contexts": [{"name": user, "context": {"cluster": "multiworld-test", "user": user}}],
         "current-context": user,
@@ -266,9 +260,17 @@ class Cluster:
                          accept=_node_ready)  # fmt: skip
         self._wait_until("the `kubernetes` Service's endpoints", "/api/v1/namespaces/default/endpoints/kubernetes",
                          started, timeout, accept=lambda body: bool(body.get("subsets")))  # fmt: skip
+
         # The DNS feed has run once and dnsmasq serves it.
-        wait_for("cluster DNS to answer for kubernetes.default.svc", lambda: self.check_alive() or node.resolves(
-            "kubernetes.default.svc.cluster.local"), max(1.0, started + timeout - time.monotonic()))
+        def dns_answers() -> bool:
+            self.check_alive()
+            return node.resolves("kubernetes.default.svc.cluster.local")
+
+        wait_for(
+            "cluster DNS to answer for kubernetes.default.svc",
+            dns_answers,
+            max(1.0, started + timeout - time.monotonic()),
+        )
 
     @property
     def node_kubeconfig(self) -> Path:
@@ -283,8 +285,15 @@ class Cluster:
     def _make_credentials(self) -> None:
         # One key serves TLS and signs ServiceAccount tokens: this is a throwaway test cluster.
         # Pods reach the API server as the `kubernetes` Service (its ClusterIP and DNS names).
-        names = ["IP:127.0.0.1", "DNS:localhost", f"IP:{SERVICE_CLUSTER_IP}", "DNS:kubernetes",
-                 "DNS:kubernetes.default", "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"]
+        names = [
+            "IP:127.0.0.1",
+            "DNS:localhost",
+            f"IP:{SERVICE_CLUSTER_IP}",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ]
         if self.node_ip:
             names.append(f"IP:{self.node_ip}")
         subprocess.run(
@@ -342,7 +351,7 @@ class Cluster:
         ])  # fmt: skip
         return client_url
 
-    def _start_apiserver(self, binaries: Binaries, etcd_url: str) -> str:
+    def _start_apiserver(self, binaries: Binaries, etcd_url: str) -> None:
         port = free_port()
         pki = self.directory / "pki"
         address = self.node_ip or "127.0.0.1"
@@ -400,16 +409,18 @@ class Cluster:
         self._spawn("kube-controller-manager", argv)
 
     def _wait_until(
-        self, what: str, path: str, started: float, timeout: float,
+        self,
+        what: str,
+        path: str,
+        started: float,
+        timeout: float,
         accept: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         """Poll GET `path` as admin until it answers 200 with a body `accept` likes, logging
         progress every second."""
         context = ssl.create_default_context(cafile=str(self.ca_file))
         server = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        request = urllib.request.Request(
-            server + path, headers={"Authorization": f"Bearer {self.admin_token}"}
-        )
+        request = urllib.request.Request(server + path, headers={"Authorization": f"Bearer {self.admin_token}"})
         deadline = started + timeout
         last_report = time.monotonic()
         reason = "not serving yet"
@@ -438,9 +449,7 @@ class Cluster:
         """Raise, with its log tail, if a component this object started has exited."""
         for name, process in self._processes.items():
             if process.poll() is not None:
-                raise ClusterError(
-                    f"{name} exited with status {process.returncode}; log tail:\n{self.log_tail(name)}"
-                )
+                raise ClusterError(f"{name} exited with status {process.returncode}; log tail:\n{self.log_tail(name)}")
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         try:
@@ -569,9 +578,11 @@ def serviceaccount_kubeconfig(
         def token() -> str | None:
             account = core.read_namespaced_service_account(name, namespace)
             for reference in account.secrets or []:
+                assert reference.name is not None
                 secret = core.read_namespaced_secret(reference.name, namespace)
-                if secret.type == "kubernetes.io/service-account-token" and (secret.data or {}).get("token"):
-                    return base64.b64decode(secret.data["token"]).decode()
+                data = secret.data or {}
+                if secret.type == "kubernetes.io/service-account-token" and data.get("token"):
+                    return base64.b64decode(data["token"]).decode()
             return None
 
         value = wait_for(f"a token secret for ServiceAccount {namespace}/{name}", token, timeout)

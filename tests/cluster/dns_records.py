@@ -49,9 +49,7 @@ class Api:
 
 def records(services: dict[str, Any], endpoints: dict[str, Any], domain: str) -> Iterator[tuple[str, str]]:
     """(address, name) pairs for every Service and every named endpoint of a headless Service."""
-    by_service = {
-        (item["metadata"]["namespace"], item["metadata"]["name"]): item for item in endpoints["items"]
-    }
+    by_service = {(item["metadata"]["namespace"], item["metadata"]["name"]): item for item in endpoints["items"]}
     for service in services["items"]:
         namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
         fqdn = f"{name}.{namespace}.svc.{domain}"

@@ -94,8 +94,9 @@ def _suffix() -> str:
 @functools.cache
 def _pip_config() -> dict[str, str]:
     """This machine's pip settings (`pip config list`), keyed without their scope: cert, find-links, ..."""
-    result = subprocess.run([sys.executable, "-m", "pip", "config", "list"],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    )
     settings: dict[str, str] = {}
     for line in result.stdout.splitlines():
         match = re.fullmatch(r"[^.]*\.([\w-]+)='(.*)'", line.strip())
@@ -203,8 +204,11 @@ def _pipeline(
         for index, command in enumerate(commands):
             last = index == len(commands) - 1
             proc = subprocess.Popen(
-                [str(c) for c in command], stdin=source if source is not None else subprocess.DEVNULL,
-                stdout=(stdout or sink) if last else subprocess.PIPE, stderr=sink, env=env,
+                [str(c) for c in command],
+                stdin=source if source is not None else subprocess.DEVNULL,
+                stdout=(stdout or sink) if last else subprocess.PIPE,
+                stderr=sink,
+                env=env,
             )
             if source is not None and source is not stdin:
                 source.close()  # the next process holds it now
@@ -266,15 +270,25 @@ def ensure_base_archive(work: Path, log_file: Path) -> Path:
     log.info("making the %s Python base with debootstrap (1-3 minutes; log: %s)", SUITE, log_file)
     started = time.monotonic()
     try:
-        _pipeline([["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, rootfs]],
-                  "debootstrap", log_file=log_file)
-        _pipeline([["chroot", rootfs, "/usr/bin/python3", "-m", "venv", "/opt/venv"]],
-                  "creating the venv", log_file=log_file)
+        _pipeline(
+            [["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, rootfs]],
+            "debootstrap",
+            log_file=log_file,
+        )
+        _pipeline(
+            [["chroot", rootfs, "/usr/bin/python3", "-m", "venv", "/opt/venv"]], "creating the venv", log_file=log_file
+        )
         ca = host_ca_bundle()
         if ca:
             shutil.copyfile(ca, rootfs / BASE_CA.lstrip("/"))
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info",
-                     "usr/share/locale"):
+        for junk in (
+            "var/cache/apt/archives",
+            "var/lib/apt/lists",
+            "usr/share/doc",
+            "usr/share/man",
+            "usr/share/info",
+            "usr/share/locale",
+        ):
             for entry in (rootfs / junk).glob("*"):
                 if entry.is_file() or entry.is_symlink():
                     entry.unlink()
@@ -284,7 +298,7 @@ def ensure_base_archive(work: Path, log_file: Path) -> Path:
         with open(partial, "wb") as out:
             _pipeline([["tar", "-C", rootfs, "--numeric-owner", "--exclude=./dev/*", "--exclude=./proc/*",
                         "--exclude=./sys/*", "--exclude=./etc/resolv.conf", "-cf", "-", "."], _compress()],
-                      "packing the base", log_file=log_file, stdout=out)
+                      "packing the base", log_file=log_file, stdout=out)  # fmt: skip
         partial.rename(archive)
     finally:
         _remove_tree(rootfs)
@@ -317,10 +331,16 @@ class Docker:
         (self.run_dir / "daemon.json").write_text("{}")
         argv = [dockerd, f"--host=unix://{self.socket}", f"--data-root={self.work / 'docker'}",
                 f"--exec-root={self.run_dir / 'exec'}", f"--pidfile={self.run_dir / 'dockerd.pid'}",
-                f"--config-file={self.run_dir / 'daemon.json'}", "--iptables=false", "--bridge=none"]
+                f"--config-file={self.run_dir / 'daemon.json'}", "--iptables=false", "--bridge=none"]  # fmt: skip
         with open(self.log_file, "ab") as sink:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
-                                         start_new_session=True, preexec_fn=_terminate_with_parent)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=sink,
+                start_new_session=True,
+                preexec_fn=_terminate_with_parent,
+            )
         deadline = time.monotonic() + timeout
         while subprocess.run(self.argv("version"), capture_output=True, env=self.env, check=False).returncode != 0:
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -454,8 +474,12 @@ def _build_images(archive: Path, work: Path, context: Path) -> None:
         base_image = f"multiworld/python-base:{base_key()}"
         log.info("importing the base into a private dockerd")
         changes = [arg for change in BASE_CHANGES for arg in ("--change", change)]
-        _pipeline([_decompress(base), docker.argv("import", *changes, "-", base_image)],
-                  "importing the base", log_file=build_log, env=docker.env)
+        _pipeline(
+            [_decompress(base), docker.argv("import", *changes, "-", base_image)],
+            "importing the base",
+            log_file=build_log,
+            env=docker.env,
+        )
         build_args = {"PYTHON_IMAGE": base_image, **({"PIP_CERT": BASE_CA} if ca else {})}
         worker_args = {"TORCH_INDEX_URL": stack.enter_context(_torch_index(wheel, work))} if wheel else {}
         for name, target in TARGETS.items():
@@ -464,20 +488,30 @@ def _build_images(archive: Path, work: Path, context: Path) -> None:
             flags = [arg for key, value in args.items() for arg in ("--build-arg", f"{key}={value}")]
             _pipeline([docker.argv("build", "--network=host", "--target", target, "-t", name, *flags,
                                    "-f", context / "Dockerfile", context)],
-                      f"building {name}", log_file=build_log, env=docker.env)
+                      f"building {name}", log_file=build_log, env=docker.env)  # fmt: skip
         _smoke_test(docker)
         ids = {name: docker.output("image", "inspect", "-f", "{{.Id}}", name).strip() for name in IMAGES}
         sizes = {name: int(docker.output("image", "inspect", "-f", "{{.Size}}", name)) for name in IMAGES}
         log.info("saving the images to %s", archive)
         partial = archive.with_name(archive.name + ".partial")
         with open(partial, "wb") as out:
-            _pipeline([docker.argv("save", *IMAGES), _compress()], "saving the images",
-                      log_file=build_log, stdout=out, env=docker.env)
+            _pipeline(
+                [docker.argv("save", *IMAGES), _compress()],
+                "saving the images",
+                log_file=build_log,
+                stdout=out,
+                env=docker.env,
+            )
     record = {"ids": ids, "sizes": sizes, "torch_wheel": wheel.name if wheel else None}
     _ids_file(archive).write_text(json.dumps(record, indent=2))
     partial.rename(archive)
-    log.info("images built in %.0f s: %s; %s (archive %.0f MB)", time.monotonic() - started,
-             ", ".join(f"{n} {s / 1e6:.0f} MB" for n, s in sizes.items()), archive.name, archive.stat().st_size / 1e6)
+    log.info(
+        "images built in %.0f s: %s; %s (archive %.0f MB)",
+        time.monotonic() - started,
+        ", ".join(f"{n} {s / 1e6:.0f} MB" for n, s in sizes.items()),
+        archive.name,
+        archive.stat().st_size / 1e6,
+    )
 
 
 def _smoke_test(docker: Docker) -> None:
@@ -488,9 +522,14 @@ def _smoke_test(docker: Docker) -> None:
     if worker != [f"{pinned_torch()}+cpu", "None"]:
         raise ImageError(f"the worker image's torch is {worker}, expected {pinned_torch()}+cpu without CUDA")
     docker.output("run", "--rm", "--network=none", "multiworld/operator:dev", "--help")
-    no_torch = subprocess.run(docker.argv("run", "--rm", "--network=none", "--entrypoint", "python",
-                                          "multiworld/operator:dev", "-c", "import torch"),
-                              capture_output=True, env=docker.env, check=False)
+    no_torch = subprocess.run(
+        docker.argv(
+            "run", "--rm", "--network=none", "--entrypoint", "python", "multiworld/operator:dev", "-c", "import torch"
+        ),
+        capture_output=True,
+        env=docker.env,
+        check=False,
+    )
     if no_torch.returncode == 0:
         raise ImageError("the operator image has torch")
     log.info("smoke test passed: worker torch %s, operator --help, operator without torch", worker[0])
@@ -546,8 +585,11 @@ def _import(archive: Path, containerd_address: str, wanted: dict[str, str]) -> N
     started = time.monotonic()
     log.info("importing %s into containerd (1-2 minutes)", archive.name)
     with tempfile.NamedTemporaryFile(prefix="mw-ctr-import-", suffix=".log") as log_file:
-        _pipeline([_decompress(archive), _ctr(containerd_address, "images", "import", "-")],
-                  "importing into containerd", log_file=Path(log_file.name))
+        _pipeline(
+            [_decompress(archive), _ctr(containerd_address, "images", "import", "-")],
+            "importing into containerd",
+            log_file=Path(log_file.name),
+        )
     loaded = containerd_image_ids(containerd_address)
     if loaded != wanted:
         raise ImageError(f"after the import containerd holds {loaded}, expected {wanted}")

@@ -84,7 +84,10 @@ def containerd_root() -> Path:
     """containerd's image store, kept across node restarts (our images take minutes to import)."""
     version = subprocess.run(["containerd", "--version"], capture_output=True, text=True, check=True)
     tag = hashlib.sha256(version.stdout.encode()).hexdigest()[:12]
-    cache = Path(os.environ.get("MULTIWORLD_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multiworld")
+    cache = Path(
+        os.environ.get("MULTIWORLD_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multiworld"
+    )
     return cache / f"containerd-{tag}"
 
 
@@ -113,10 +116,13 @@ def query_a(server: str, name: str, timeout: float = 1.0) -> list[str]:
         while reply[offset] not in (0,) and reply[offset] < 0xC0:  # a name: labels, or a pointer
             offset += reply[offset] + 1
         offset += 2 if reply[offset] >= 0xC0 else 1
-        kind, length = int.from_bytes(reply[offset:offset + 2], "big"), int.from_bytes(reply[offset + 8:offset + 10], "big")
+        kind, length = (
+            int.from_bytes(reply[offset : offset + 2], "big"),
+            int.from_bytes(reply[offset + 8 : offset + 10], "big"),
+        )
         offset += 10
         if kind == 1 and length == 4:
-            found.append(socket.inet_ntoa(reply[offset:offset + 4]))
+            found.append(socket.inet_ntoa(reply[offset : offset + 4]))
         offset += length
     return found
 
@@ -255,7 +261,7 @@ class Node:
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         return f"""version = 2
 root = "{self.root}"
-state = "{self.directory / 'containerd' / 'state'}"
+state = "{self.directory / "containerd" / "state"}"
 [grpc]
   address = "{self.socket}"
 [ttrpc]
@@ -277,7 +283,7 @@ state = "{self.directory / 'containerd' / 'state'}"
         SystemdCgroup = false
   [{cri}.cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "{self.directory / 'cni'}"
+    conf_dir = "{self.directory / "cni"}"
 """
 
     def _cni_config(self) -> dict[str, object]:
@@ -314,8 +320,12 @@ state = "{self.directory / 'containerd' / 'state'}"
             # disk must not evict pods.
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},  # fmt: skip
+            "evictionHard": {
+                "memory.available": "50Mi",
+                "nodefs.available": "1%",
+                "imagefs.available": "1%",
+                "nodefs.inodesFree": "1%",
+            },
             "serializeImagePulls": False,
         }
 
@@ -327,7 +337,8 @@ state = "{self.directory / 'containerd' / 'state'}"
         if not self._ctr_ok():
             return
         for task in self.ctr(["tasks", "ls", "-q"], "listing tasks").split():
-            subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", task],
+            subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io",
+                            "tasks", "kill", "-s", "SIGKILL", task],
                            capture_output=True, check=False)  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and _shims(self.socket):
@@ -376,7 +387,9 @@ def _one_file_image(binary: Path, name: str) -> bytes:
     }).encode()  # fmt: skip
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     repo, tag = name.removeprefix("docker.io/").rsplit(":", 1)
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [f"{repo}:{tag}"], "Layers": ["layer/layer.tar"]}]).encode()
+    manifest = json.dumps(
+        [{"Config": config_name, "RepoTags": [f"{repo}:{tag}"], "Layers": ["layer/layer.tar"]}]
+    ).encode()
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w") as tar:
         for member, data in (("layer/layer.tar", layer_bytes), (config_name, config), ("manifest.json", manifest)):

@@ -27,8 +27,9 @@ OPERATOR_IMAGE = {"repository": "multiworld/operator", "tag": "dev", "pullPolicy
 HELM_TIMEOUT_S = 180
 
 
-def install(kubeconfig: Path, namespace: str, release: str, worker_namespaces: Sequence[str],
-            *, watch_only_those: bool = False) -> dict[str, Any]:
+def install(
+    kubeconfig: Path, namespace: str, release: str, worker_namespaces: Sequence[str], *, watch_only_those: bool = False
+) -> dict[str, Any]:
     """Create the namespaces that are missing, then `helm install` the chart: the operator's
     Deployment (image multiworld/operator:dev, never pulled) in `namespace`, the worker
     ServiceAccount in each of `worker_namespaces`; the operator watches every namespace, or
@@ -56,8 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", type=Path, default=REPO / ".cluster" / "kubeconfig")
     parser.add_argument("--namespace", default="multiworld", help="the operator's namespace (default multiworld)")
     parser.add_argument("--release", default="multiworld")
-    parser.add_argument("--workers-namespace", action="append", dest="workers",
-                        help="where MultiWorlds will be applied (repeatable; default: default)")
+    parser.add_argument(
+        "--workers-namespace",
+        action="append",
+        dest="workers",
+        help="where MultiWorlds will be applied (repeatable; default: default)",
+    )
     args = parser.parse_args(argv)
     installed = install(args.kubeconfig, args.namespace, args.release, args.workers or ["default"])
     print(f"release {args.release} {installed['status']} in namespace {args.namespace}")

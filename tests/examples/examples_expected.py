@@ -32,13 +32,17 @@ def world_sum(world: str, step: int) -> torch.Tensor:
 
 # What rank `rank` of `world` must print at `step`, per example.
 def all_gather_lines(world: str, rank: int, step: int) -> list[str]:
-    return [f"rank: {rank} has tensor: {tensor(world, rank, step)}",
-            f"rank: {rank} from {world} has gathered tensors: {world_tensors(world, step)}"]
+    return [
+        f"rank: {rank} has tensor: {tensor(world, rank, step)}",
+        f"rank: {rank} from {world} has gathered tensors: {world_tensors(world, step)}",
+    ]
 
 
 def all_reduce_lines(world: str, rank: int, step: int) -> list[str]:
-    return [f"rank: {rank} has tensor: {tensor(world, rank, step)}",
-            f"rank: {rank} from {world} has reduced tensor: {world_sum(world, step)}"]
+    return [
+        f"rank: {rank} has tensor: {tensor(world, rank, step)}",
+        f"rank: {rank} from {world} has reduced tensor: {world_sum(world, step)}",
+    ]
 
 
 def reduce_lines(world: str, rank: int, step: int) -> list[str]:
@@ -69,8 +73,10 @@ def scatter_lines(world: str, rank: int, step: int) -> list[str]:
 
 def send_recv_lines(world: str, rank: int, step: int) -> list[str]:
     if rank == ROOT:
-        return [f"rank: {rank} from {world} received tensor: {tensor(world, peer, step)} from rank {peer}"
-                for peer in range(1, WORLD_SIZE)]
+        return [
+            f"rank: {rank} from {world} received tensor: {tensor(world, peer, step)} from rank {peer}"
+            for peer in range(1, WORLD_SIZE)
+        ]
     return [f"rank: {rank} from {world} sent tensor: {tensor(world, rank, step)}"]
 
 
@@ -85,8 +91,9 @@ EXPECTED: dict[str, Callable[[str, int, int], list[str]]] = {
 }
 
 
-def check_steps(process: ExampleProcess, worlds: list[tuple[int, int]],
-                expected: Callable[[str, int, int], list[str]], steps: range) -> None:
+def check_steps(
+    process: ExampleProcess, worlds: list[tuple[int, int]], expected: Callable[[str, int, int], list[str]], steps: range
+) -> None:
     """`process`, rank R of world W for each (W, R) in `worlds`, printed the expected lines of
     every step in `steps`, and one "done" line per world and step."""
     lines = [CUDA_DEVICE.sub("", line) for line in process.lines]

@@ -38,15 +38,27 @@ SEED_TOPOLOGY: dict[str, list[tuple[int, int]]] = {
 }
 
 
-def seed_table(base_port: int, revision: int = 1, epochs: dict[str, int] | None = None,
-               worlds: Sequence[str] = ("world1", "world2")) -> WorldTable:
+def seed_table(
+    base_port: int,
+    revision: int = 1,
+    epochs: dict[str, int] | None = None,
+    worlds: Sequence[str] = ("world1", "world2"),
+) -> WorldTable:
     """The seed topology as a world table (world W at base_port + W)."""
     entries = []
     for name in worlds:
         index = int(name.removeprefix("world"))
         pods = [pod for pod, member_worlds in SEED_TOPOLOGY.items() for i, _ in member_worlds if i == index]
-        entries.append(WorldEntry(name=name, epoch=(epochs or {}).get(name, 1), backend="gloo",
-                                  host="127.0.0.1", port=base_port + index, pods=pods))
+        entries.append(
+            WorldEntry(
+                name=name,
+                epoch=(epochs or {}).get(name, 1),
+                backend="gloo",
+                host="127.0.0.1",
+                port=base_port + index,
+                pods=pods,
+            )
+        )
     return WorldTable(revision=revision, worlds=entries)
 
 
@@ -182,8 +194,9 @@ def start_seed_topology(example: str, flags: Sequence[str], backend: str = "gloo
     `flags`."""
     script = example_script(example)
     return {
-        name: ExampleProcess(name, [script, *worldinfo_args(worlds), "--backend", backend, *flags],
-                             backend_env(backend, name))
+        name: ExampleProcess(
+            name, [script, *worldinfo_args(worlds), "--backend", backend, *flags], backend_env(backend, name)
+        )
         for name, worlds in SEED_TOPOLOGY.items()
     }
 
@@ -205,4 +218,4 @@ def finish(processes: dict[str, ExampleProcess]) -> dict[str, int]:
 
 def assert_all_exit_zero(processes: dict[str, ExampleProcess]) -> None:
     codes = finish(processes)
-    assert codes == {name: 0 for name in processes}, {n: p.output() for n, p in processes.items()}
+    assert codes == dict.fromkeys(processes, 0), {n: p.output() for n, p in processes.items()}

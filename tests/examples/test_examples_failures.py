@@ -13,11 +13,11 @@ from examples_expected import CUDA_DEVICE, EXPECTED
 from examples_harness import (
     BACKENDS,
     EXIT_TIMEOUT,
-    load_common,
     ExampleProcess,
     example_script,
     finish,
     free_base_port,
+    load_common,
     start_seed_topology,
 )
 
@@ -95,7 +95,7 @@ def test_single_world_without_a_death_every_rank_finishes() -> None:
     common = load_common()
     steps = 2
     argv = [example_script("single_world"), "--backend", "gloo", "--worldsize", "3",
-            "--port", str(free_base_port(0)), "--steps", str(steps), "--interval", "0.05"]
+            "--port", str(free_base_port(0)), "--steps", str(steps), "--interval", "0.05"]  # fmt: skip
     parent = ExampleProcess("single_world", argv)
     assert parent.wait() == 0, parent.output()
     for step in range(1, steps + 1):
@@ -109,7 +109,7 @@ def test_single_world_without_a_death_every_rank_finishes() -> None:
 
 def test_single_world_one_death_takes_everyone_down() -> None:
     argv = [example_script("single_world"), "--backend", "gloo", "--worldsize", "3",
-            "--port", str(free_base_port(0)), "--steps", "1000", "--interval", "0.1", "--timeout", "20"]
+            "--port", str(free_base_port(0)), "--steps", "1000", "--interval", "0.1", "--timeout", "20"]  # fmt: skip
     parent = ExampleProcess("single_world", argv)
     pids: dict[int, int] = {}
     try:

@@ -14,8 +14,9 @@ def assignments(argv: list[str]):
 
 
 def test_worldinfo_gives_one_world_per_flag() -> None:
-    worlds = assignments(["--worldinfo", "1,0", "--worldinfo", "2,0", "--addr", "10.0.0.7",
-                          "--port", "30000", "--backend", "gloo"])
+    worlds = assignments(
+        ["--worldinfo", "1,0", "--worldinfo", "2,0", "--addr", "10.0.0.7", "--port", "30000", "--backend", "gloo"]
+    )
     assert [(w.name, w.rank, w.size, w.host, w.port, w.epoch, w.backend) for w in worlds] == [
         ("world1", 0, 3, "10.0.0.7", 30001, 1, "gloo"),
         ("world2", 0, 3, "10.0.0.7", 30002, 1, "gloo"),
@@ -43,8 +44,9 @@ def test_worldsize_sets_the_size_of_every_world() -> None:
         (["--worldinfo", "1,0", "--backend", "mpi"], "--backend: invalid choice"),
     ],
 )
-def test_bad_flags_are_refused_naming_the_flag(argv: list[str], message: str,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_flags_are_refused_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exited:
         assignments(argv)
     assert exited.value.code == 2
@@ -69,6 +71,8 @@ def test_example_tensors_are_small_integers_fixed_by_world_rank_and_step() -> No
     assert first.tolist() == common.example_tensor("world1", 2, 5, cpu).tolist()
     assert first.shape == (common.TENSOR_LENGTH,)
     assert all(1 <= value <= 6 and value == int(value) for value in first.tolist())
-    others = {tuple(common.example_tensor(w, r, s, cpu).tolist())
-              for w, r, s in [("world2", 2, 5), ("world1", 1, 5), ("world1", 2, 6)]}
+    others = {
+        tuple(common.example_tensor(w, r, s, cpu).tolist())
+        for w, r, s in [("world2", 2, 5), ("world1", 1, 5), ("world1", 2, 6)]
+    }
     assert tuple(first.tolist()) not in others

@@ -23,6 +23,7 @@ from examples_harness import (
     seed_table,
     stop_all,
 )
+
 from multiworld.contract import BrokenWorldReport, WorldTable
 from multiworld_operator.local.channel_server import ChannelServer
 
@@ -81,7 +82,8 @@ def test_a_rebuilt_world_is_taken_up_again_at_its_new_epoch(example: str) -> Non
         platform.publish(rebuilt)
         dead.append(processes.pop("w1-1"))
         processes["w1-1"] = ExampleProcess(
-            "w1-1 (replacement)", [example_script(example), "--steps", str(steps), "--interval", "0.25"],
+            "w1-1 (replacement)",
+            [example_script(example), "--steps", str(steps), "--interval", "0.25"],
             member_env(rebuilt, "w1-1", platform.url),
         )
         assert_all_exit_zero(processes)

@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 from examples_harness import EXAMPLES, ExampleProcess, example_script, finish, free_base_port, load_example_module
+
 from multiworld import WorldAssignment
 
 SERVING = EXAMPLES / "serving"
@@ -47,9 +48,11 @@ def summary(process: ExampleProcess) -> str:
 def start_by_rank(flags: list[str], replicas: int = 2) -> dict[str, ExampleProcess]:
     """The router and `replicas` replicas, each given its --rank."""
     common = ["--backend", "gloo", "--port", str(free_base_port(replicas)), "--num_workers", str(replicas),
-              "--seed", str(SEED)]
-    processes = {f"replica{k}": ExampleProcess(f"replica{k}", [example_script("serving"), "--rank", str(k), *common])
-                 for k in range(1, replicas + 1)}
+              "--seed", str(SEED)]  # fmt: skip
+    processes = {
+        f"replica{k}": ExampleProcess(f"replica{k}", [example_script("serving"), "--rank", str(k), *common])
+        for k in range(1, replicas + 1)
+    }
     processes["router"] = ExampleProcess("router", [example_script("serving"), "--rank", "0", *common, *flags])
     return processes
 
@@ -73,10 +76,9 @@ def test_the_model_and_the_requests_are_fixed_by_the_seed() -> None:
 
 def test_every_answer_is_the_models_answer_to_its_request(tmp_path: Path) -> None:
     requests, trace = 40, tmp_path / "trace.jsonl"
-    processes = start_by_rank(["--requests", str(requests), "--rate", "0", "--check-every", "1",
-                               "--trace", str(trace)])
+    processes = start_by_rank(["--requests", str(requests), "--rate", "0", "--check-every", "1", "--trace", str(trace)])
     codes = finish(processes)
-    assert codes == {name: 0 for name in processes}, {n: p.output() for n, p in processes.items()}
+    assert codes == dict.fromkeys(processes, 0), {n: p.output() for n, p in processes.items()}
     router = processes["router"]
     assert summary(router).startswith(f"summary: served {requests} of {requests} requests"), router.output()
     assert f"  checked {requests} answers against the model run here: 0 wrong" in router.lines, router.output()
@@ -88,7 +90,8 @@ def test_every_answer_is_the_models_answer_to_its_request(tmp_path: Path) -> Non
     # Both replicas served: the router spreads the requests.
     assert {answer["world"] for answer in answers} == {"world1", "world2"}
     for name in ("replica1", "replica2"):
-        assert processes[name].lines[-1] == f"replica of world{name[-1]} stopped by the router", processes[name].output()
+        last = processes[name].lines[-1]
+        assert last == f"replica of world{name[-1]} stopped by the router", processes[name].output()
 
 
 def test_a_replica_killed_mid_stream_loses_no_request(tmp_path: Path) -> None:
@@ -128,10 +131,10 @@ def local_manifest(tmp_path: Path, flags: list[str]) -> Path:
 def test_through_multiworld_run_a_killed_replica_comes_back_and_serves_again(tmp_path: Path) -> None:
     requests, rate, trace = 600, 40.0, tmp_path / "trace.jsonl"
     manifest = local_manifest(tmp_path, ["--requests", str(requests), "--rate", str(rate), "--seed", str(SEED),
-                                         "--trace", str(trace)])
+                                         "--trace", str(trace)])  # fmt: skip
     run = ExampleProcess("multiworld run", ["-m", "multiworld_operator.cli", "run", str(manifest), "--json",
                                             "--no-view", "--spares", "replica1=1", "--log-dir", str(tmp_path / "logs"),
-                                            "--kill", "replica1", "--after", "2"])
+                                            "--kill", "replica1", "--after", "2"])  # fmt: skip
     assert run.wait() == 0, run.output()
     result = json.loads(next(line for line in reversed(run.lines) if line.startswith('{"worlds"')))
     assert result["orphans"] == 0
@@ -168,8 +171,9 @@ def manifest_name(manifest: Path) -> str:
         (["--rank", "0", "--trace", "/nonexistent/dir/trace.jsonl"], "--trace: cannot write /nonexistent/dir"),
     ],
 )
-def test_bad_flags_are_refused_naming_the_flag(argv: list[str], message: str,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_flags_are_refused_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     parser = serving.build_parser()
     with pytest.raises(SystemExit) as exited:
         args = parser.parse_args(argv)

@@ -3,6 +3,7 @@
 `kube_cluster` (session): a fresh etcd + kube-apiserver + kube-controller-manager in a temp dir.
 `kube_node` (session): the same with one real node (tests/cluster/node.py) holding our images.
 `namespace` (function): a fresh namespace, deleted afterwards.
+`scene` (function): the operator serving `namespace` (see operator_support.py).
 A missing control plane is a test error with the reason, never a skip.
 """
 
@@ -31,9 +32,17 @@ def _load_cluster_module(name: str, file: str) -> ModuleType:
     return module
 
 
-cluster_module = _load_cluster_module("multiworld_test_cluster", "cluster.py")
-images_module = _load_cluster_module("multiworld_test_images", "images.py")
-Cluster = cluster_module.Cluster
+_load_cluster_module("multiworld_test_cluster", "cluster.py")
+_load_cluster_module("multiworld_test_images", "images.py")
+
+# The modules registered just above (their types: multiworld_test_*.pyi beside this file).
+import multiworld_test_cluster as cluster_module  # noqa: E402
+import multiworld_test_images as images_module  # noqa: E402
+from multiworld_test_cluster import Cluster  # noqa: E402
+
+# The operator tests' `scene` fixture, for every test here (not imported by each test module, where
+# its parameters would shadow it). operator_support imports the cluster module registered above.
+from operator_support import scene  # noqa: E402, F401
 
 DEFAULT_SERVICEACCOUNT_TIMEOUT_S = 60.0
 
@@ -72,9 +81,14 @@ def namespace(kube_cluster: Cluster) -> Iterator[str]:
         core = client.CoreV1Api(api)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
         if kube_cluster.has_controller_manager:
+
+            def default_serviceaccount() -> client.V1ServiceAccount | None:
+                kube_cluster.check_alive()
+                return _find_serviceaccount(core, name, "default")
+
             cluster_module.wait_for(
                 f"the default ServiceAccount in namespace {name} (made by kube-controller-manager)",
-                lambda: kube_cluster.check_alive() or _find_serviceaccount(core, name, "default"),
+                default_serviceaccount,
                 DEFAULT_SERVICEACCOUNT_TIMEOUT_S,
             )
         try:

@@ -51,8 +51,16 @@ def kubectl(cluster: Cluster, *args: str, check: bool = True) -> str:
     return result.stdout
 
 
-def example_manifest(example: str, name: str, folder: Path, *, initial_delay: str = "0s",
-                     steps: int = 100000, interval: float = 0.5, spares: dict[str, int] | None = None) -> Path:
+def example_manifest(
+    example: str,
+    name: str,
+    folder: Path,
+    *,
+    initial_delay: str = "0s",
+    steps: int = 100000,
+    interval: float = 0.5,
+    spares: dict[str, int] | None = None,
+) -> Path:
     """examples/<example>/multiworld.yaml as committed, with our worker image (never pulled),
     its own name, a first restart with no delay, steps enough to outlast the test, and the warm
     spares given per member."""
@@ -85,4 +93,6 @@ def container_id(pod: client.V1Pod) -> str:
 def signal_container(cluster: Cluster, pod: client.V1Pod, signal: str) -> None:
     """Send `signal` to the container's main process through containerd, as a crash or a
     debugger would: the API server hears of it only through the kubelet."""
-    cluster.node.ctr(["tasks", "kill", "--signal", signal, container_id(pod)], f"sending {signal} to {pod.metadata.name}")
+    cluster.node.ctr(
+        ["tasks", "kill", "--signal", signal, container_id(pod)], f"sending {signal} to {pod.metadata.name}"
+    )

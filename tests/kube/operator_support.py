@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import helm_python as helm
 import multiworld_test_cluster as cluster_module  # registered by conftest.py
@@ -100,8 +100,11 @@ TERMINATING = "because it is being terminated"
 
 def refusals(log: str) -> list[str]:
     """The lines of an operator log that show a refused request."""
-    return [line for line in log.splitlines()
-            if any(mark in line.lower() for mark in REFUSAL_MARKS) and TERMINATING not in line]
+    return [
+        line
+        for line in log.splitlines()
+        if any(mark in line.lower() for mark in REFUSAL_MARKS) and TERMINATING not in line
+    ]
 
 
 class Kubelet:
@@ -133,8 +136,9 @@ class Kubelet:
 
     def set_phase(self, pod: str, phase: str) -> None:
         try:
-            self.core.patch_namespaced_pod_status(pod, self.namespace, {"status": {"phase": phase}},
-                                                  _content_type=MERGE_PATCH)
+            self.core.patch_namespaced_pod_status(
+                pod, self.namespace, {"status": {"phase": phase}}, _content_type=MERGE_PATCH
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -146,8 +150,13 @@ class Kubelet:
 # -- manifests -------------------------------------------------------------------------------
 
 
-def manifest(name: str, members: dict[str, int], worlds: dict[str, list[str]],
-             policy: dict[str, Any] | None = None, template: dict[str, Any] | None = None) -> dict[str, Any]:
+def manifest(
+    name: str,
+    members: dict[str, int],
+    worlds: dict[str, list[str]],
+    policy: dict[str, Any] | None = None,
+    template: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A MultiWorld: members by replicas, worlds by ranks, one failure policy for every world."""
     world_specs = []
     for world, ranks in worlds.items():
@@ -169,8 +178,9 @@ def manifest(name: str, members: dict[str, int], worlds: dict[str, list[str]],
 
 # The seed topology: a leader shared by two worlds, each with two exclusive workers.
 def two_worlds(name: str = "mw", policy: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
-    return manifest(name, {"leader": 1, "a": 2, "b": 2}, {"wa": ["leader", "a"], "wb": ["leader", "b"]},
-                    policy, **kwargs)
+    return manifest(
+        name, {"leader": 1, "a": 2, "b": 2}, {"wa": ["leader", "a"], "wb": ["leader", "b"]}, policy, **kwargs
+    )
 
 
 # -- reads -----------------------------------------------------------------------------------
@@ -185,15 +195,20 @@ class KubeNamespace:
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
 
+    # The custom objects API returns the object as JSON (its annotations say `object`).
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+        created = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+        return cast("dict[str, Any]", created)
 
     def get(self, name: str = "mw") -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        return cast(
+            "dict[str, Any]", self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        )
 
     def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec},
-                                                   _content_type=MERGE_PATCH)
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec}, _content_type=MERGE_PATCH
+        )
 
     def delete(self, name: str = "mw") -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
@@ -203,7 +218,9 @@ class KubeNamespace:
 
     def table(self, name: str = "mw") -> dict[str, dict[str, Any]]:
         """The live world table as workers read it: world -> its entry, from the world ConfigMaps."""
-        items = self.core.list_namespaced_config_map(self.namespace, label_selector=f"{NAME_LABEL}={name},{WORLD_LABEL}").items
+        items = self.core.list_namespaced_config_map(
+            self.namespace, label_selector=f"{NAME_LABEL}={name},{WORLD_LABEL}"
+        ).items
         return {cm.metadata.labels[WORLD_LABEL]: json.loads(cm.data[TABLE_ENTRY_KEY]) for cm in items}
 
     def pods(self, name: str = "mw") -> dict[str, client.V1Pod]:
@@ -220,8 +237,9 @@ class KubeNamespace:
         return [e.reason for e in self.events(name)]
 
     def annotate(self, pod: str, annotations: dict[str, str]) -> None:
-        self.core.patch_namespaced_pod(pod, self.namespace, {"metadata": {"annotations": annotations}},
-                                       _content_type=MERGE_PATCH)
+        self.core.patch_namespaced_pod(
+            pod, self.namespace, {"metadata": {"annotations": annotations}}, _content_type=MERGE_PATCH
+        )
 
     # -- waits -------------------------------------------------------------------------------
 
@@ -239,8 +257,9 @@ class KubeNamespace:
 
         return wait_for(f"MultiWorld {self.namespace}/{name} Running at epochs {epochs}", running)
 
-    def wait_world(self, world: str, predicate: Callable[[dict[str, Any]], bool], what: str,
-                   name: str = "mw") -> dict[str, Any]:
+    def wait_world(
+        self, world: str, predicate: Callable[[dict[str, Any]], bool], what: str, name: str = "mw"
+    ) -> dict[str, Any]:
         def probe() -> dict[str, Any] | None:
             status = self.status(name)
             state = (status.get("worlds") or {}).get(world)
@@ -274,8 +293,11 @@ class Scene:
 def scene(kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Scene]:
     """The operator runs as the chart's ServiceAccount (cluster-wide mode), serving `namespace`."""
     release = cluster_release(kube_cluster)
-    with kube_cluster.api_client() as api, Kubelet(api, namespace) as kubelet, \
-            running_operator(release.operator_kubeconfig, namespace, monkeypatch) as runner:
+    with (
+        kube_cluster.api_client() as api,
+        Kubelet(api, namespace) as kubelet,
+        running_operator(release.operator_kubeconfig, namespace, monkeypatch) as runner,
+    ):
         yield Scene(kube_cluster, KubeNamespace(api, namespace), kubelet, runner)
 
 
@@ -292,10 +314,14 @@ def printer_columns(api: client.ApiClient, namespace: str, name: str) -> dict[st
     """What `kubectl get mw NAME` prints: the API server's Table rendering of the CRD's
     additionalPrinterColumns, as {column name: cell}."""
     path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
-    request = api.param_serialize("GET", path, header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-                                  auth_settings=["BearerToken"])
+    request = api.param_serialize(
+        "GET",
+        path,
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
+    )
     response = api.call_api(*request)
     response.read()
     table = json.loads(response.data)
     (row,) = table["rows"]
-    return {column["name"]: cell for column, cell in zip(table["columnDefinitions"], row["cells"])}
+    return {column["name"]: cell for column, cell in zip(table["columnDefinitions"], row["cells"], strict=True)}

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import multiworld_test_cluster as cluster_module  # registered by conftest.py
 import multiworld_test_images as images_module  # registered by conftest.py
@@ -150,29 +151,63 @@ print(json.dumps({"resolved": {name: resolve(name) for name in names},
 """
 
 
-def _pod_probe(cluster: Cluster, namespace: str) -> dict[str, object]:
+def _pod_probe(cluster: Cluster, namespace: str) -> dict[str, Any]:
     """Run PROBE in a pod named `probe` (hostname `probe`, subdomain `peers`) and read its output."""
     with cluster.api_client() as api:
         core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-        cluster_module.wait_for("the default ServiceAccount", lambda: core.list_namespaced_service_account(namespace).items, 60)
-        rbac.create_namespaced_role(namespace, {"metadata": {"name": "list-pods"},
-                                                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
-        rbac.create_namespaced_role_binding(namespace, {
-            "metadata": {"name": "list-pods"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-pods"},
-            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}]})
-        core.create_namespaced_service(namespace, {
-            "metadata": {"name": "peers"},
-            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"app": "probe"}}})
-        core.create_namespaced_pod(namespace, {
-            "metadata": {"name": "probe", "labels": {"app": "probe"}},
-            "spec": {"hostname": "probe", "subdomain": "peers", "restartPolicy": "Never", "containers": [{
-                "name": "probe", "image": "multiworld/worker:dev", "imagePullPolicy": "Never",
-                "command": ["python", "-c", PROBE]}]}})
-        phase = cluster_module.wait_for("the probe pod to end", lambda: core.read_namespaced_pod("probe", namespace)
-                                        .status.phase in ("Succeeded", "Failed") and core.read_namespaced_pod(
-                                            "probe", namespace).status.phase, 180)
+        cluster_module.wait_for(
+            "the default ServiceAccount", lambda: core.list_namespaced_service_account(namespace).items, 60
+        )
+        rbac.create_namespaced_role(
+            namespace,
+            {  # type: ignore[arg-type]  # a dict body, sent as is
+                "metadata": {"name": "list-pods"},
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+            },
+        )
+        rbac.create_namespaced_role_binding(
+            namespace,
+            {  # type: ignore[arg-type]  # a dict body, sent as is
+                "metadata": {"name": "list-pods"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-pods"},
+                "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+            },
+        )
+        core.create_namespaced_service(
+            namespace,
+            {  # type: ignore[arg-type]  # a dict body, sent as is
+                "metadata": {"name": "peers"},
+                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"app": "probe"}},
+            },
+        )
+        core.create_namespaced_pod(
+            namespace,
+            {  # type: ignore[arg-type]  # a dict body, sent as is
+                "metadata": {"name": "probe", "labels": {"app": "probe"}},
+                "spec": {
+                    "hostname": "probe",
+                    "subdomain": "peers",
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "probe",
+                            "image": "multiworld/worker:dev",
+                            "imagePullPolicy": "Never",
+                            "command": ["python", "-c", PROBE],
+                        }
+                    ],
+                },
+            },
+        )
+        phase = cluster_module.wait_for(
+            "the probe pod to end",
+            lambda: (
+                core.read_namespaced_pod("probe", namespace).status.phase in ("Succeeded", "Failed")
+                and core.read_namespaced_pod("probe", namespace).status.phase
+            ),
+            180,
+        )
         log = core.read_namespaced_pod_log("probe", namespace)
         assert phase == "Succeeded", log
         result = json.loads(log.strip().splitlines()[-1])
@@ -192,12 +227,18 @@ def _host_traces(directory: Path) -> dict[str, list[str]]:
             continue
         if entry.name.isdigit() and any(mark in cmdline for mark in marks) and _running(int(entry.name)):
             processes.append(cmdline.replace("\0", " "))
-    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if any(mark in line.split()[4] for mark in (*marks, "/run/netns/cni-"))]
+    mounts = [
+        line.split()[4]
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if any(mark in line.split()[4] for mark in (*marks, "/run/netns/cni-"))
+    ]
     links = subprocess.run(["ip", "-o", "link", "show", "cni0"], capture_output=True, text=True).stdout.splitlines()
-    chains = [line for tool in ("iptables-save", "ip6tables-save")
-              for line in subprocess.run([tool], capture_output=True, text=True).stdout.splitlines()
-              if line.startswith((":KUBE-", ":CNI-"))]
+    chains = [
+        line
+        for tool in ("iptables-save", "ip6tables-save")
+        for line in subprocess.run([tool], capture_output=True, text=True).stdout.splitlines()
+        if line.startswith((":KUBE-", ":CNI-"))
+    ]
     folders = [mark for mark in marks[1:] if Path(mark).exists()]
     return {"processes": processes, "mounts": mounts, "links": links, "chains": chains, "folders": folders}
 
@@ -224,8 +265,12 @@ def test_cli_up_runs_a_real_node_and_down_leaves_nothing(tmp_path: Path) -> None
         pids = {f.stem: int(f.read_text().split()[0]) for f in directory.glob("*.pid")}
         assert {"etcd", "kube-apiserver", "kubelet", "containerd", "dnsmasq"} <= pids.keys()
         cluster = Cluster(directory)
-        nodes = subprocess.run([str(kubectl), f"--kubeconfig={cluster.kubeconfig}",
-                                "get", "nodes", "--no-headers"], capture_output=True, text=True, check=True).stdout
+        nodes = subprocess.run(
+            [str(kubectl), f"--kubeconfig={cluster.kubeconfig}", "get", "nodes", "--no-headers"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert nodes.split()[:2] == ["multiworld-node", "Ready"], nodes
         images_module.load_images(str(cluster.node.socket))
         probe = _pod_probe(cluster, "probe-test")

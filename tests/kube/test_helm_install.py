@@ -7,6 +7,7 @@ ServiceAccount token, serves an example MultiWorld in both RBAC modes without a 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import helm_python as helm
 import multiworld_test_cluster as cluster_module  # registered by conftest.py
@@ -50,8 +51,9 @@ def extra_namespace(api: client.ApiClient) -> Iterator[str]:
         core.delete_namespace(name)
 
 
-def allowed(api: client.ApiClient, account: tuple[str, str], verb: str, resource: str,
-            namespace: str | None, group: str = "") -> bool:
+def allowed(
+    api: client.ApiClient, account: tuple[str, str], verb: str, resource: str, namespace: str | None, group: str = ""
+) -> bool:
     """The API server's own answer to: may this ServiceAccount do this?"""
     sa_namespace, sa_name = account
     resource, _, subresource = resource.partition("/")
@@ -77,21 +79,29 @@ def exists(read: Callable[[], Any]) -> bool:
     return True
 
 
-def release_objects(api: client.ApiClient, fullname: str, namespace: str, role_namespaces: list[str]) -> dict[str, bool]:
+def release_objects(
+    api: client.ApiClient, fullname: str, namespace: str, role_namespaces: list[str]
+) -> dict[str, bool]:
     """Whether each object the release should own exists, by a readable name."""
     core, apps, rbac = client.CoreV1Api(api), client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
     found = {
         f"Deployment {namespace}/{fullname}": exists(lambda: apps.read_namespaced_deployment(fullname, namespace)),
-        f"ServiceAccount {namespace}/{fullname}": exists(lambda: core.read_namespaced_service_account(fullname, namespace)),
+        f"ServiceAccount {namespace}/{fullname}": exists(
+            lambda: core.read_namespaced_service_account(fullname, namespace)
+        ),
         f"ClusterRole {fullname}": exists(lambda: rbac.read_cluster_role(fullname)),
         f"ClusterRoleBinding {fullname}": exists(lambda: rbac.read_cluster_role_binding(fullname)),
-        f"ServiceAccount {namespace}/{WORKER_SA}": exists(lambda: core.read_namespaced_service_account(WORKER_SA, namespace)),
+        f"ServiceAccount {namespace}/{WORKER_SA}": exists(
+            lambda: core.read_namespaced_service_account(WORKER_SA, namespace)
+        ),
         f"Role {namespace}/{WORKER_SA}": exists(lambda: rbac.read_namespaced_role(WORKER_SA, namespace)),
         f"RoleBinding {namespace}/{WORKER_SA}": exists(lambda: rbac.read_namespaced_role_binding(WORKER_SA, namespace)),
     }
     for ns in role_namespaces:
-        found[f"Role {ns}/{fullname}"] = exists(lambda ns=ns: rbac.read_namespaced_role(fullname, ns))
-        found[f"RoleBinding {ns}/{fullname}"] = exists(lambda ns=ns: rbac.read_namespaced_role_binding(fullname, ns))
+        found[f"Role {ns}/{fullname}"] = exists(functools.partial(rbac.read_namespaced_role, fullname, ns))
+        found[f"RoleBinding {ns}/{fullname}"] = exists(
+            functools.partial(rbac.read_namespaced_role_binding, fullname, ns)
+        )
     return found
 
 
@@ -106,8 +116,11 @@ def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> Non
     fullname = f"{release}-multiworld-operator"
     operator_sa = (namespace, fullname)
     worker_sa = (namespace, WORKER_SA)
-    with kube_cluster.api_client() as api, extra_namespace(api) as watched, \
-            helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config:
+    with (
+        kube_cluster.api_client() as api,
+        extra_namespace(api) as watched,
+        helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config,
+    ):
         installed = config.install(CHART_DIR, release, {}, timeout=HELM_TIMEOUT_S)
         assert (installed["status"], installed["revision"]) == ("deployed", 1)
         assert config.status(release)["status"] == "deployed"
@@ -115,7 +128,8 @@ def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> Non
 
         crd = client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD_NAME)
         assert crd.spec.names.short_names == ["mw"]
-        assert all(release_objects(api, fullname, namespace, []).values()), release_objects(api, fullname, namespace, [])
+        objects = release_objects(api, fullname, namespace, [])
+        assert all(objects.values()), objects
 
         # Watching every namespace: the operator may manage Pods anywhere, read CRDs, and no more.
         for ns in (namespace, watched):
@@ -170,8 +184,10 @@ def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> Non
 
 def test_install_refuses_bad_values_and_creates_nothing(kube_cluster: Cluster, namespace: str) -> None:
     release = f"mw-{uuid.uuid4().hex[:6]}"
-    with kube_cluster.api_client() as api, \
-            helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config:
+    with (
+        kube_cluster.api_client() as api,
+        helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config,
+    ):
         with pytest.raises(helm.HelmError, match="/replicas"):
             config.install(CHART_DIR, release, {"replicas": 3}, timeout=HELM_TIMEOUT_S)
         assert not any(release_objects(api, f"{release}-multiworld-operator", namespace, []).values())
@@ -221,8 +237,10 @@ def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
     name = manifest["metadata"]["name"]
     pod_count = sum(member.get("replicas", 1) for member in manifest["spec"]["members"])
     log_path = tmp_path / "operator.log"
-    with kube_cluster.api_client() as api, \
-            helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config:
+    with (
+        kube_cluster.api_client() as api,
+        helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config,
+    ):
         config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         try:
@@ -238,15 +256,23 @@ def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
                 assert exists(lambda: core.read_namespaced_service(name, namespace))
                 cluster_module.wait_for(
                     f"the operator to write the status of {name}",
-                    lambda: custom.get_namespaced_custom_object(
-                        "multiworld.io", "v1alpha1", namespace, "multiworlds", name
-                    ).get("status", {}).get("phase"),
+                    lambda: (
+                        cast(
+                            "dict[str, Any]",  # the custom object, as JSON
+                            custom.get_namespaced_custom_object(
+                                "multiworld.io", "v1alpha1", namespace, "multiworlds", name
+                            ),
+                        )
+                        .get("status", {})
+                        .get("phase")
+                    ),
                     OPERATOR_TIMEOUT_S,
                 )
-                assert cluster_module.wait_for("the liveness endpoint", lambda: healthy(health_port), OPERATOR_TIMEOUT_S)
+                assert cluster_module.wait_for(
+                    "the liveness endpoint", lambda: healthy(health_port), OPERATOR_TIMEOUT_S
+                )
         finally:
             config.uninstall(release, timeout=HELM_TIMEOUT_S)
         assert {pod.spec.service_account_name for pod in pods} == {WORKER_SA}
     log = log_path.read_text(errors="replace")
     assert not refusals(log), log[-3000:]
-

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -53,8 +54,11 @@ def kube(kube_node: Cluster, operator: Operator) -> Iterator[KubeNamespace]:
 
 def _operator_pods(cluster: Cluster, operator: Operator) -> list[client.V1Pod]:
     with cluster.api_client() as api:
-        pods = client.CoreV1Api(api).list_namespaced_pod(
-            operator.namespace, label_selector="app.kubernetes.io/name=multiworld-operator").items
+        pods = (
+            client.CoreV1Api(api)
+            .list_namespaced_pod(operator.namespace, label_selector="app.kubernetes.io/name=multiworld-operator")
+            .items
+        )
     return [p for p in pods if p.metadata.deletion_timestamp is None]
 
 
@@ -73,10 +77,12 @@ def _apply(cluster: Cluster, operator: Operator, tmp_path: Path, name: str, exam
 
 
 @pytest.fixture
-def all_gather(kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path,
-               request: pytest.FixtureRequest) -> Iterator[str]:
+def all_gather(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[str]:
     """examples/all_gather applied under the test's own name, Running with both worlds at epoch 1
-    and the leader stepping in both (its log shows them); deleted afterwards (and its pods gone, so the next test has the node's cores)."""
+    and the leader stepping in both (its log shows them); deleted afterwards (and its pods gone,
+    so the next test has the node's cores)."""
     name = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
     _apply(kube_node, operator, tmp_path, name)
     _wait_running(kube, name, {"world1": 1, "world2": 1})
@@ -89,8 +95,8 @@ def all_gather(kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_
     wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
 
 
-def _wait_running(kube: KubeNamespace, name: str, epochs: dict[str, int]) -> dict[str, object]:
-    def running() -> dict[str, object] | None:
+def _wait_running(kube: KubeNamespace, name: str, epochs: dict[str, int]) -> dict[str, Any]:
+    def running() -> dict[str, Any] | None:
         status = kube.status(name)
         worlds = status.get("worlds") or {}
         if status.get("phase") == "Running" and {w: s["epoch"] for w, s in worlds.items()} == epochs:
@@ -132,8 +138,9 @@ def test_operator_runs_as_the_charts_deployment(kube_node: Cluster, operator: Op
     assert json.loads(deployment)["status"].get("availableReplicas") == 1
 
 
-def test_all_gather_runs_on_the_node(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
-                                     all_gather: str) -> None:
+def test_all_gather_runs_on_the_node(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str
+) -> None:
     name = all_gather
     pods = kube.pods(name)
     assert {_member(name, p) for p in pods} == {"leader-0", "w1-0", "w1-1", "w2-0", "w2-1"}
@@ -142,8 +149,9 @@ def test_all_gather_runs_on_the_node(kube_node: Cluster, operator: Operator, kub
     assert row[:3] == [name, "Running", "2/2"], row
 
 
-def _kill_and_check(cluster: Cluster, operator: Operator, kube: KubeNamespace, name: str, victim: str,
-                    how: str, epoch: int) -> None:
+def _kill_and_check(
+    cluster: Cluster, operator: Operator, kube: KubeNamespace, name: str, victim: str, how: str, epoch: int
+) -> None:
     """Fail world1 through `victim` (`how`: SIGKILL through the runtime, or kubectl delete);
     only world1's exclusive pods come back, world1 runs at `epoch`, world2 never notices."""
     before = kube.uids(name)
@@ -171,14 +179,15 @@ def _assert_world2_untouched(cluster: Cluster, operator: Operator, kube: KubeNam
         assert status is None or not status.errors.get("world2"), (pod.metadata.name, status)
 
 
-def test_killed_worker_costs_only_its_world(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
-                                          all_gather: str, tmp_path: Path) -> None:
+def test_killed_worker_costs_only_its_world(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str, tmp_path: Path
+) -> None:
     name = all_gather
     _kill_and_check(kube_node, operator, kube, name, "w1-1", "SIGKILL", epoch=2)
     _kill_and_check(kube_node, operator, kube, name, "w1-0", "kubectl delete", epoch=3)
     _assert_world2_untouched(kube_node, operator, kube, name)
     described = kubectl(kube_node, "describe", "mw", name, "-n", operator.apps)
-    events = described[described.index("Events:"):]
+    events = described[described.index("Events:") :]
     assert events.count("WorldFailed") == 2 and events.count("WorldRecovered") == 2, events
     assert f"pod {name}-w1-0 (rank 1) was deleted; restarting at epoch 3" in events, events
     status = kube.status(name)
@@ -195,13 +204,17 @@ def test_killed_worker_costs_only_its_world(kube_node: Cluster, operator: Operat
     )  # fmt: skip
     assert local.returncode == 0, local.stderr
     summary = json.loads(local.stdout.strip().splitlines()[-1])["worlds"]
-    assert {w: (s["phase"], s["epoch"]) for w, s in summary.items()} == {"world1": ("Running", 2), "world2": ("Running", 1)}
+    assert {w: (s["phase"], s["epoch"]) for w, s in summary.items()} == {
+        "world1": ("Running", 2),
+        "world2": ("Running", 1),
+    }
     assert summary["world2"]["errors"] == 0 and summary["world2"]["failures"] == 0
     assert node_outcome == {"world1": ("Running", 3), "world2": ("Running", 1)}
 
 
-def test_frozen_worker_is_replaced(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
-                                   all_gather: str) -> None:
+def test_frozen_worker_is_replaced(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str
+) -> None:
     name = all_gather
     before = kube.uids(name)
     frozen = kube.pods(name)[f"{name}-w1-0"]
@@ -224,8 +237,9 @@ def test_frozen_worker_is_replaced(kube_node: Cluster, operator: Operator, kube:
     _assert_world2_untouched(kube_node, operator, kube, name)
 
 
-def test_operator_deleted_mid_recovery_converges(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
-                                                 all_gather: str) -> None:
+def test_operator_deleted_mid_recovery_converges(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str
+) -> None:
     name = all_gather
     (old_operator,) = _operator_pods(kube_node, operator)
     signal_container(kube_node, kube.pods(name)[f"{name}-w1-1"], "SIGKILL")
@@ -237,7 +251,7 @@ def test_operator_deleted_mid_recovery_converges(kube_node: Cluster, operator: O
     )
     assert new_operator is not None
     status = _wait_running(kube, name, {"world1": 2, "world2": 1})
-    assert status["worlds"]["world1"]["restarts"] == 1  # type: ignore[index]
+    assert status["worlds"]["world1"]["restarts"] == 1
     with kube_node.api_client() as api:
         every = client.CoreV1Api(api).list_namespaced_pod(operator.apps).items
     members = sorted(_member(name, p.metadata.name) for p in every if p.metadata.deletion_timestamp is None)
@@ -273,13 +287,17 @@ def test_operator_liveness_probe_passes(kube_node: Cluster, operator: Operator) 
     (status,) = pod.status.container_statuses
     assert status.restart_count == 0 and status.ready
     with kube_node.api_client() as api:
-        events = client.CoreV1Api(api).list_namespaced_event(
-            operator.namespace, field_selector=f"involvedObject.name={pod.metadata.name}").items
+        events = (
+            client.CoreV1Api(api)
+            .list_namespaced_event(operator.namespace, field_selector=f"involvedObject.name={pod.metadata.name}")
+            .items
+        )
     assert not [e.message for e in events if e.reason == "Unhealthy"]
 
 
 def test_a_manifest_without_the_worker_serviceaccount_fails_saying_why(
-        kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path) -> None:
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
+) -> None:
     """The pods run as the namespace's default ServiceAccount: each worker exits at once naming
     the permission it lacks, and the operator's Event and status for the failure quote it."""
     import yaml
@@ -296,8 +314,12 @@ def test_a_manifest_without_the_worker_serviceaccount_fails_saying_why(
             WAIT_S)  # fmt: skip
         assert "may not get, list and watch configmaps" in failure["message"], failure
         assert "serviceAccountName: multiworld-worker" in failure["message"], failure
-        events = wait_for("the WorldFailed event", lambda: [
-            e for e in kube.events(name) if e.reason == "WorldFailed" and "may not get, list and watch" in e.message])
+        events = wait_for(
+            "the WorldFailed event",
+            lambda: [
+                e for e in kube.events(name) if e.reason == "WorldFailed" and "may not get, list and watch" in e.message
+            ],
+        )
         assert events
     finally:
         kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
@@ -305,7 +327,8 @@ def test_a_manifest_without_the_worker_serviceaccount_fails_saying_why(
 
 
 def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
-        kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path) -> None:
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
+) -> None:
     """world1's workers ask for a GPU the node does not have: world1 stays Pending (naming its
     waiting pods and why, one Event), with no restart however many join timeouts pass, while
     world2 runs."""
@@ -341,11 +364,17 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
 
 def _spares_ready(kube: KubeNamespace, name: str, member: str, count: int) -> dict[str, client.V1Pod]:
     """Wait until `member` keeps `count` warm spares, each waiting for an identity; returns them."""
-    wait_for(f"{count} warm spares of {member} ready",
-             lambda: (kube.status(name).get("spares") or {}).get(member) == f"{count}/{count}", WAIT_S)
-    spares = {p: pod for p, pod in kube.pods(name).items()
-              if (pod.metadata.labels or {}).get("multiworld.io/spare") == "true"
-              and "multiworld.io/plays" not in pod.metadata.labels}
+    wait_for(
+        f"{count} warm spares of {member} ready",
+        lambda: (kube.status(name).get("spares") or {}).get(member) == f"{count}/{count}",
+        WAIT_S,
+    )
+    spares = {
+        p: pod
+        for p, pod in kube.pods(name).items()
+        if (pod.metadata.labels or {}).get("multiworld.io/spare") == "true"
+        and "multiworld.io/plays" not in pod.metadata.labels
+    }
     assert len(spares) == count, sorted(spares)
     for pod in spares.values():
         status = _worker_status(pod)
@@ -353,8 +382,9 @@ def _spares_ready(kube: KubeNamespace, name: str, member: str, count: int) -> di
     return spares
 
 
-def test_warm_spares_take_a_killed_members_place(kube_node: Cluster, operator: Operator, kube: KubeNamespace,
-                                                 tmp_path: Path) -> None:
+def test_warm_spares_take_a_killed_members_place(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
+) -> None:
     """w1 keeps two warm spares (world1's exclusive pods: its recovery replaces both). A killed
     w1 pod's world comes back with the spares playing w1-0 and w1-1 under their own names,
     labelled and shown in the status; the pool refills; world2 and the leader never notice.
@@ -403,7 +433,7 @@ def test_warm_spares_take_a_killed_members_place(kube_node: Cluster, operator: O
         (w1,) = [m for m in manifest["spec"]["members"] if m["name"] == "w1"]
         members = [{**m, "template": template} if m is w1 else m for m in manifest["spec"]["members"]]
         kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
-                "-p", json.dumps({"spec": {"members": members}}))
+                "-p", json.dumps({"spec": {"members": members}}))  # fmt: skip
         wait_for("w1's spares of the old template gone", lambda: not set(refilled) & set(kube.pods(name)), WAIT_S)
         signal_container(kube_node, kube.pods(name)[played[f"{name}-w1-0"]], "SIGKILL")
         status = _wait_running(kube, name, {"world1": 3, "world2": 1})

@@ -5,11 +5,10 @@ status of an invalid spec."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from operator_support import manifest
 
 from multiworld.contract import (
@@ -35,7 +34,7 @@ from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation
 from multiworld_operator.spec import MultiWorld, parse_manifest
 
 OWNER = "uid-of-mw"
-NOW = datetime(2030, 1, 1, tzinfo=timezone.utc)
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def star(worlds: list[str]) -> MultiWorld:
@@ -69,13 +68,23 @@ def test_colliding_world_takes_the_next_free_port() -> None:
     previous = table_of(multiworld, {"alpha": preferred_port("beta"), "beta": preferred_port("beta")}).table
     # beta's own spot is held by alpha (kept from the previous table): beta moves one up.
     ports = world_ports(multiworld, previous.model_copy(update={"worlds": previous.worlds[:1]}))
-    assert ports == {"alpha": preferred_port("beta"), "beta": PORT_BASE + (preferred_port("beta") - PORT_BASE + 1) % PORT_SPAN}
+    assert ports == {
+        "alpha": preferred_port("beta"),
+        "beta": PORT_BASE + (preferred_port("beta") - PORT_BASE + 1) % PORT_SPAN,
+    }
 
 
 def pod(name: str, phase: str = "Running", owner: str = OWNER, **meta: object) -> dict:
-    return {"metadata": {"name": name, "uid": f"uid-{name}", "ownerReferences": [{"uid": owner, "controller": True}],
-                         "labels": {"multiworld.io/member": "a", "multiworld.io/ordinal": "1"}, **meta},
-            "status": {"phase": phase}}
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "ownerReferences": [{"uid": owner, "controller": True}],
+            "labels": {"multiworld.io/member": "a", "multiworld.io/ordinal": "1"},
+            **meta,
+        },
+        "status": {"phase": phase},
+    }
 
 
 def test_observation_of_a_listing() -> None:
@@ -88,12 +97,15 @@ def test_observation_of_a_listing() -> None:
         REPORT_ANNOTATION: report.model_dump_json(),
     }
     cache = PodCache(OWNER)
-    cache.listed([
-        pod("mw-a-1", annotations=annotations),
-        pod("mw-a-0", "Unknown", annotations={CREATED_FOR_ANNOTATION: "not json", STATUS_ANNOTATION: "{}"}),
-        pod("mw-b-0", deletionTimestamp="2030-01-01T00:00:00Z"),
-        pod("mw-b-1", owner="uid-of-an-older-mw"),
-    ], "100")
+    cache.listed(
+        [
+            pod("mw-a-1", annotations=annotations),
+            pod("mw-a-0", "Unknown", annotations={CREATED_FOR_ANNOTATION: "not json", STATUS_ANNOTATION: "{}"}),
+            pod("mw-b-0", deletionTimestamp="2030-01-01T00:00:00Z"),
+            pod("mw-b-1", owner="uid-of-an-older-mw"),
+        ],
+        "100",
+    )
     seen = observe_pods(cache.pods())
 
     by_name = {p.name: p for p in seen.pods}
@@ -133,7 +145,9 @@ def test_pod_cache_keeps_the_newest_of_listing_and_events() -> None:
 
 def test_table_writes_touch_only_the_worlds_that_changed() -> None:
     def entry(name: str, epoch: int) -> WorldEntry:
-        return WorldEntry(name=name, epoch=epoch, host="mw-leader-0.mw", port=4000, pods=["mw-leader-0", f"mw-{name}-0"])
+        return WorldEntry(
+            name=name, epoch=epoch, host="mw-leader-0.mw", port=4000, pods=["mw-leader-0", f"mw-{name}-0"]
+        )
 
     published: dict[str, WorldEntry | None] = {"wa": entry("wa", 1), "wb": entry("wb", 1), "wc": None}
     writes = table_writes(published, WorldTable(revision=2, worlds=[entry("wa", 1), entry("wb", 2), entry("wc", 1)]))
@@ -142,16 +156,22 @@ def test_table_writes_touch_only_the_worlds_that_changed() -> None:
 
     body = world_table_body({"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}, entry("wb", 2))
     assert body["metadata"]["name"] == "mw.wb"
-    assert body["metadata"]["labels"] == {NAME_LABEL: "mw", WORLD_LABEL: "wb", "pod.multiworld.io/mw-leader-0": "0",
-                                          "pod.multiworld.io/mw-wb-0": "1"}
+    assert body["metadata"]["labels"] == {
+        NAME_LABEL: "mw",
+        WORLD_LABEL: "wb",
+        "pod.multiworld.io/mw-leader-0": "0",
+        "pod.multiworld.io/mw-wb-0": "1",
+    }
     assert body["metadata"]["ownerReferences"][0]["uid"] == OWNER
     assert published_entry(body) == entry("wb", 2)
     assert published_entry({"data": {TABLE_ENTRY_KEY: "not json"}}) is None
 
 
 def test_the_memory_round_trips_through_its_configmap() -> None:
-    memory = {"phase": "Running", "worlds": {f"w{i}": {"epoch": 1, "pods": ["mw-leader-0", f"mw-m{i}-0"]}
-                                             for i in range(1000)}}
+    memory = {
+        "phase": "Running",
+        "worlds": {f"w{i}": {"epoch": 1, "pods": ["mw-leader-0", f"mw-m{i}-0"]} for i in range(1000)},
+    }
     body = memory_body({"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}, memory)
     assert body["metadata"]["name"] == "mw" and body["metadata"]["ownerReferences"][0]["uid"] == OWNER
     assert read_memory(body) == memory
@@ -161,8 +181,12 @@ def test_the_memory_round_trips_through_its_configmap() -> None:
 
 
 def test_pod_body_env_wins_over_the_template() -> None:
-    template = {"spec": {"containers": [{"name": "c", "env": [{"name": "MULTIWORLD_POD", "value": "x"}]}],
-                         "restartPolicy": "Always"}}
+    template: dict[str, Any] = {
+        "spec": {
+            "containers": [{"name": "c", "env": [{"name": "MULTIWORLD_POD", "value": "x"}]}],
+            "restartPolicy": "Always",
+        }
+    }
     multiworld = {"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}
     action = CreatePod(pod="mw-a-0", member="a", ordinal=0, created_for={"wa": 3}, worlds=[], template=template)
     body = pod_body(action, multiworld)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from kubernetes import client
 from kubernetes.client.rest import ApiException
-from operator_support import Scene, created_for, env_of, printer_columns, scene, two_worlds, wait_for  # noqa: F401
+from operator_support import Scene, created_for, env_of, printer_columns, two_worlds, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -22,12 +21,14 @@ def gpu_template() -> dict:
     return {
         "metadata": {"labels": {"team": "vision"}, "annotations": {"note": "kept"}},
         "spec": {
-            "containers": [{
-                "name": "worker",
-                "image": "multiworld/worker:test",
-                "env": [{"name": "USER_SETTING", "value": "1"}, {"name": "MULTIWORLD_POD", "value": "wrong"}],
-                "resources": {"limits": {"nvidia.com/gpu": "1"}},
-            }],
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "multiworld/worker:test",
+                    "env": [{"name": "USER_SETTING", "value": "1"}, {"name": "MULTIWORLD_POD", "value": "wrong"}],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
         },
     }
 
@@ -41,8 +42,12 @@ def test_pods_service_env_and_owner(scene: Scene) -> None:
 
     for name, pod in pods.items():
         member, ordinal = name.removeprefix("mw-").rsplit("-", 1)
-        assert pod.metadata.labels == {"team": "vision", "multiworld.io/name": "mw",
-                                       "multiworld.io/member": member, "multiworld.io/ordinal": ordinal}
+        assert pod.metadata.labels == {
+            "team": "vision",
+            "multiworld.io/name": "mw",
+            "multiworld.io/member": member,
+            "multiworld.io/ordinal": ordinal,
+        }
         assert pod.metadata.annotations["note"] == "kept"
         [ref] = pod.metadata.owner_references
         assert (ref.uid, ref.kind, ref.name, ref.controller) == (*owner, True)
@@ -50,7 +55,11 @@ def test_pods_service_env_and_owner(scene: Scene) -> None:
         assert pod.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
         env = env_of(pod)
         assert env["USER_SETTING"] == "1"
-        assert (env["MULTIWORLD_POD"], env["MULTIWORLD_NAME"], env["MULTIWORLD_NAMESPACE"]) == (name, "mw", kube.namespace)
+        assert (env["MULTIWORLD_POD"], env["MULTIWORLD_NAME"], env["MULTIWORLD_NAMESPACE"]) == (
+            name,
+            "mw",
+            kube.namespace,
+        )
         assert env["MULTIWORLD_TABLE"] == f"kubernetes://{kube.namespace}/mw"
 
     leader = {w["name"]: w for w in json.loads(env_of(pods["mw-leader-0"])["MULTIWORLD_WORLDS"])}
@@ -81,8 +90,12 @@ def test_status_printer_columns_and_events(scene: Scene) -> None:
     assert status["restarts"] == 0
     assert status["observedGeneration"] == 1
     for world in ("wa", "wb"):
-        assert {k: status["worlds"][world][k] for k in ("phase", "size", "readyRanks", "restarts")} == \
-            {"phase": "Running", "size": 3, "readyRanks": 3, "restarts": 0}
+        assert {k: status["worlds"][world][k] for k in ("phase", "size", "readyRanks", "restarts")} == {
+            "phase": "Running",
+            "size": 3,
+            "readyRanks": 3,
+            "restarts": 0,
+        }
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions == {"Ready": "True", "Degraded": "False"}
     table = kube.table()
@@ -118,17 +131,31 @@ def test_deleted_service_comes_back(scene: Scene) -> None:
     kube.create(two_worlds())
     [first] = wait_for("the Service", lambda: kube.core.list_namespaced_service(kube.namespace).items)
 
-    kube.core.delete_namespaced_service("mw", kube.namespace, _preload_content=False)  # (the client cannot parse the reply)
-    wait_for("a new Service", lambda: [s for s in kube.core.list_namespaced_service(kube.namespace).items
-                                       if s.metadata.uid != first.metadata.uid])
+    kube.core.delete_namespaced_service(
+        "mw", kube.namespace, _preload_content=False
+    )  # (the client cannot parse the reply)
+    wait_for(
+        "a new Service",
+        lambda: [
+            s for s in kube.core.list_namespaced_service(kube.namespace).items if s.metadata.uid != first.metadata.uid
+        ],
+    )
 
 
 def test_resource_amounts_written_as_numbers_become_pods(scene: Scene) -> None:
     """`nvidia.com/gpu: 1` and `cpu: 0.5`, as people write them: the pods are created, with the
     amounts the API server understands."""
-    template = {"spec": {"containers": [{"name": "worker", "image": "multiworld/worker:test",
-                                         "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": 0.5},
-                                                       "requests": {"cpu": 0.5}}}]}}
+    template = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "multiworld/worker:test",
+                    "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": 0.5}, "requests": {"cpu": 0.5}},
+                }
+            ]
+        }
+    }
     kube = scene.kube
     kube.create(two_worlds(template=template))
     pods = kube.wait_pods(PODS)

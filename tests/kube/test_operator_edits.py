@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
-from operator_support import KubeNamespace, Scene, cluster_release, manifest, scene, two_worlds, wait_for  # noqa: F401
+from operator_support import KubeNamespace, Scene, cluster_release, manifest, two_worlds, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -65,8 +65,7 @@ def test_invalid_spec_creates_nothing_and_says_why(scene: Scene) -> None:
     assert conditions["SpecValid"]["status"] == "False"
     assert "spec.worlds[0].ranks[1]: member 'ghost' is not declared" in conditions["SpecValid"]["message"]
     assert conditions["Ready"]["status"] == "False"
-    event = wait_for("an InvalidSpec event",
-                     lambda: [e for e in kube.events("bad") if e.reason == "InvalidSpec"])
+    event = wait_for("an InvalidSpec event", lambda: [e for e in kube.events("bad") if e.reason == "InvalidSpec"])
     assert event[0].type == "Warning" and "ghost" in event[0].message
     assert kube.pods("bad") == {}
     assert kube.core.list_namespaced_service(kube.namespace).items == []
@@ -95,20 +94,29 @@ def test_invalid_edit_keeps_the_running_pods(scene: Scene) -> None:
     assert kube.uids() == before
 
     kube.patch_spec("mw", two_worlds()["spec"])  # fixed: back to the spec that runs
-    fixed = wait_for("the refusal to clear",
-                     lambda: (s := kube.status()).get("observedGeneration") == 3
-                     and not [c for c in s["conditions"] if c["type"] == "SpecValid"] and s)
+
+    def cleared() -> dict | None:
+        status = kube.status()
+        if status.get("observedGeneration") == 3 and not [c for c in status["conditions"] if c["type"] == "SpecValid"]:
+            return status
+        return None
+
+    fixed = wait_for("the refusal to clear", cleared)
     assert {w: s["epoch"] for w, s in fixed["worlds"].items()} == {"wa": 1, "wb": 1}
     assert kube.uids() == before
 
 
-@pytest.mark.parametrize(("field", "value", "path"), [
-    ("replicas", "two", "spec.members.replicas"),
-    ("replicas", 0, "spec.members.replicas"),
-    ("name", "Not_A_Label", "spec.members.name"),
-])
-def test_crd_schema_refuses_bad_values(kube_cluster: Cluster, namespace: str, field: str, value: object,
-                                       path: str) -> None:
+@pytest.mark.parametrize(
+    ("field", "value", "path"),
+    [
+        ("replicas", "two", "spec.members.replicas"),
+        ("replicas", 0, "spec.members.replicas"),
+        ("name", "Not_A_Label", "spec.members.name"),
+    ],
+)
+def test_crd_schema_refuses_bad_values(
+    kube_cluster: Cluster, namespace: str, field: str, value: object, path: str
+) -> None:
     """No operator needed: the API server checks the CRD's schema (installed by the chart)."""
     cluster_release(kube_cluster)
     body = two_worlds()

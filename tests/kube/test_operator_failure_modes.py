@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from kubernetes.client.rest import ApiException
-from operator_support import Scene, scene, two_worlds, wait_for  # noqa: F401
+from operator_support import KubeNamespace, Scene, two_worlds, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -57,20 +57,21 @@ def test_an_unexpected_error_in_a_step_shows_in_status_and_an_event(scene: Scene
     condition = wait_for("the failed step in the status", lambda: _condition(kube.status(), "Reconciled"))
     assert condition["status"] == "False" and condition["reason"] == "ReconcileError"
     assert condition["message"].startswith("reconcile step failed: AttributeError"), condition
-    events = wait_for("a ReconcileError event",
-                      lambda: [e for e in kube.events() if e.reason == "ReconcileError"])
+    events = wait_for("a ReconcileError event", lambda: [e for e in kube.events() if e.reason == "ReconcileError"])
     assert len(events) == 1 and events[0].type == "Warning" and events[0].message == condition["message"]
 
 
-def _wait_refused(kube: object, name: str, text: str) -> dict[str, str]:
+def _wait_refused(kube: KubeNamespace, name: str, text: str) -> dict[str, str]:
     def refused() -> dict[str, str] | None:
-        condition = _condition(kube.status(name), "Reconciled")  # type: ignore[attr-defined]
+        condition = _condition(kube.status(name), "Reconciled")
         return condition if condition is not None and text in condition["message"] else None
 
     condition = wait_for(f"{name}: the taken name in its status", refused)
     assert condition["status"] == "False" and condition["reason"] == "CreateRefused", condition
-    events = wait_for(f"{name}: a CreateRefused event", lambda: [
-        e for e in kube.events(name) if e.reason == "CreateRefused" and text in e.message])  # type: ignore[attr-defined]
+    events = wait_for(
+        f"{name}: a CreateRefused event",
+        lambda: [e for e in kube.events(name) if e.reason == "CreateRefused" and text in e.message],
+    )
     assert len(events) == 1 and events[0].type == "Warning", events
     return condition
 
@@ -94,8 +95,12 @@ def test_a_foreign_service_of_the_same_name_is_left_alone_and_reported(scene: Sc
     from kubernetes import client
 
     kube = scene.kube
-    kube.core.create_namespaced_service(kube.namespace, client.V1Service(
-        metadata=client.V1ObjectMeta(name="mw"), spec=client.V1ServiceSpec(ports=[client.V1ServicePort(port=80)])))
+    kube.core.create_namespaced_service(
+        kube.namespace,
+        client.V1Service(
+            metadata=client.V1ObjectMeta(name="mw"), spec=client.V1ServiceSpec(ports=[client.V1ServicePort(port=80)])
+        ),
+    )
     kube.create(two_worlds())
     _wait_refused(kube, "mw", "Service mw already exists and is not this MultiWorld's (it has no owner)")
     service = kube.core.read_namespaced_service("mw", kube.namespace)
@@ -108,8 +113,17 @@ def test_the_rendezvous_is_closed_to_other_pods_by_a_network_policy(scene: Scene
     from kubernetes import client
 
     kube = scene.kube
-    template = {"spec": {"containers": [{"name": "worker", "image": "multiworld/worker:test",
-                                         "ports": [{"containerPort": 8000}, {"containerPort": 9000, "protocol": "UDP"}]}]}}
+    template = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "multiworld/worker:test",
+                    "ports": [{"containerPort": 8000}, {"containerPort": 9000, "protocol": "UDP"}],
+                }
+            ]
+        }
+    }
     kube.create(two_worlds(template=template))
     networking = client.NetworkingV1Api(kube.api)
 

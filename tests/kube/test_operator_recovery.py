@@ -5,8 +5,10 @@ every world it is in. An exhausted restart budget fails that world alone."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from operator_support import KubeNamespace, Scene, created_for, scene, two_worlds, wait_for  # noqa: F401
+from operator_support import KubeNamespace, Scene, created_for, two_worlds, wait_for
 
 from multiworld.contract import REPORT_ANNOTATION, BrokenWorldReport
 from multiworld_operator.kube.controller import RESYNC_S
@@ -18,7 +20,7 @@ A_PODS = {"mw-a-0", "mw-a-1"}
 B_PODS = {"mw-b-0", "mw-b-1"}
 
 
-def start(kube: KubeNamespace, **kwargs: object) -> dict[str, str]:
+def start(kube: KubeNamespace, **kwargs: Any) -> dict[str, str]:
     kube.create(two_worlds(**kwargs))
     kube.wait_running(epochs={"wa": 1, "wb": 1})
     return kube.uids()
@@ -26,6 +28,7 @@ def start(kube: KubeNamespace, **kwargs: object) -> dict[str, str]:
 
 def replaced(kube: KubeNamespace, before: dict[str, str], pods: set[str]) -> dict[str, str]:
     """Until every pod in `pods` is a new instance; returns the uids then."""
+
     def renewed() -> dict[str, str] | None:
         now = kube.uids()
         return now if set(now) == PODS and all(now[p] != before[p] for p in pods) else None
@@ -53,8 +56,9 @@ def test_exclusive_pod_failure_restarts_its_world_only(scene: Scene) -> None:
     assert (wa["restarts"], status["worlds"]["wb"]["restarts"], status["restarts"]) == (1, 0, 1)
     failure = wa["lastFailure"]
     assert (failure["reason"], failure["pod"], failure["rank"], failure["epoch"]) == ("PodFailed", "mw-a-0", 1, 1)
-    assert wait_for("WorldFailed and WorldRecovered events",
-                    lambda: {"WorldFailed", "WorldRecovered"} <= set(kube.event_reasons()))
+    assert wait_for(
+        "WorldFailed and WorldRecovered events", lambda: {"WorldFailed", "WorldRecovered"} <= set(kube.event_reasons())
+    )
     failed = [e for e in kube.events() if e.reason == "WorldFailed"]
     assert len(failed) == 1 and failed[0].type == "Warning" and "world wa epoch 1" in failed[0].message
 

@@ -39,8 +39,9 @@ class Offline:
 def offline(kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Offline]:
     kubeconfig = cluster_release(kube_cluster).operator_kubeconfig
     with kube_cluster.api_client() as api, Kubelet(api, namespace) as kubelet:
-        yield Offline(KubeNamespace(api, namespace), kubelet,
-                      lambda: running_operator(kubeconfig, namespace, monkeypatch))
+        yield Offline(
+            KubeNamespace(api, namespace), kubelet, lambda: running_operator(kubeconfig, namespace, monkeypatch)
+        )
 
 
 def replacements(kube: KubeNamespace) -> dict[str, str]:
@@ -93,8 +94,10 @@ def test_failure_while_the_operator_is_down(offline: Offline) -> None:
         status = kube.wait_running(epochs={"wa": 2, "wb": 2})
     after = kube.uids()
 
-    assert (status["worlds"]["wa"]["lastFailure"]["reason"], status["worlds"]["wb"]["lastFailure"]["reason"]) == \
-        ("PodDeleted", "PodFailed")
+    assert (status["worlds"]["wa"]["lastFailure"]["reason"], status["worlds"]["wb"]["lastFailure"]["reason"]) == (
+        "PodDeleted",
+        "PodFailed",
+    )
     assert [status["worlds"][w]["restarts"] for w in ("wa", "wb")] == [1, 1]
     # Both worlds of the leader failed, so it is replaced too: every pod is new, each once.
     assert set(after) == PODS and all(after[p] != before[p] for p in PODS)

@@ -10,14 +10,20 @@ from collections import Counter
 
 import pytest
 from kubernetes import client
-from operator_support import KubeNamespace, Scene, manifest, scene, wait_for  # noqa: F401
+from operator_support import KubeNamespace, Scene, manifest, wait_for
 
 pytestmark = pytest.mark.kube
 
 # Writes the operator makes (the python client speaks JSON; the controller-manager's garbage
 # collector and namespace cleanup speak protobuf, and the kubelet stand-in only patches pod status).
-COUNTED = {("POST", "pods", ""), ("DELETE", "pods", ""), ("PATCH", "multiworlds", "status"),
-           ("PUT", "configmaps", ""), ("POST", "configmaps", ""), ("DELETE", "configmaps", "")}
+COUNTED = {
+    ("POST", "pods", ""),
+    ("DELETE", "pods", ""),
+    ("PATCH", "multiworlds", "status"),
+    ("PUT", "configmaps", ""),
+    ("POST", "configmaps", ""),
+    ("DELETE", "configmaps", ""),
+}
 SAMPLE = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -25,9 +31,9 @@ LABEL = re.compile(r'(\w+)="([^"]*)"')
 def write_counts(api: client.ApiClient) -> Counter[tuple[str, str, str]]:
     request = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
     response = api.call_api(*request)
-    response.read()
+    data = response.read()
     counts: Counter[tuple[str, str, str]] = Counter()
-    for line in response.data.decode().splitlines():
+    for line in data.decode().splitlines():
         sample = SAMPLE.match(line)
         if sample is None:
             continue

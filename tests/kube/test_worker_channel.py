@@ -52,17 +52,21 @@ def ready_ranks(kube: KubeNamespace, world: str, phase: str, ranks: int) -> None
     kube.wait_world(world, lambda w: (w["phase"], w["readyRanks"]) == (phase, ranks), f"{phase} with {ranks} ready")
 
 
-def test_channel_follows_the_table_and_reaches_the_operator(kube_cluster: Cluster, namespace: str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_channel_follows_the_table_and_reaches_the_operator(
+    kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The chart in its namespaced mode: a Role for the operator and the workers' identity here.
     release = install_release(kube_cluster, namespace, {"watchNamespaces": [namespace]})
     kube_cluster.serviceaccount_kubeconfig(namespace, WORKER_SA)  # its token exists: pods get admitted
     template = two_worlds()["spec"]["template"]
     template["spec"]["serviceAccountName"] = WORKER_SA
 
-    with kube_cluster.api_client() as admin, Kubelet(admin, namespace) as kubelet, \
-            running_operator(release.operator_kubeconfig, namespace, monkeypatch), \
-            kube_cluster.serviceaccount_api_client(namespace, WORKER_SA) as worker_api:
+    with (
+        kube_cluster.api_client() as admin,
+        Kubelet(admin, namespace) as kubelet,
+        running_operator(release.operator_kubeconfig, namespace, monkeypatch),
+        kube_cluster.serviceaccount_api_client(namespace, WORKER_SA) as worker_api,
+    ):
         kube = KubeNamespace(admin, namespace)
         kube.create(two_worlds(template=template))
         kube.wait_running(epochs={"wa": 1, "wb": 1})
@@ -78,8 +82,10 @@ def test_channel_follows_the_table_and_reaches_the_operator(kube_cluster: Cluste
             assert sorted(first.assignments_for(LEADER)) == ["wa", "wb"]
             assert [w.name for w in bystander_tables.until({"wb": 1}).worlds] == ["wb"]
             channel.status(WorkerStatus(pod=LEADER, joined={"wa": 1, "wb": 1}))
-            wait_for("the leader's WorkerStatus on its pod",
-                     lambda: STATUS_ANNOTATION in (kube.pods()[LEADER].metadata.annotations or {}))
+            wait_for(
+                "the leader's WorkerStatus on its pod",
+                lambda: STATUS_ANNOTATION in (kube.pods()[LEADER].metadata.annotations or {}),
+            )
 
             # The operator bumps wa; the channel hands the new table over.
             kubelet.fail("mw-a-0")
@@ -142,6 +148,8 @@ def test_a_worker_without_its_permissions_exits_saying_which_and_how(kube_cluste
                             env={**os.environ, "KUBECONFIG": str(kubeconfig)},
                             capture_output=True, text=True, timeout=100, check=False)  # fmt: skip
     assert result.returncode == 77, result.stderr
-    assert "refused this worker (403 Forbidden): its ServiceAccount may not get, list and watch configmaps" \
-        in result.stderr, result.stderr
+    assert (
+        "refused this worker (403 Forbidden): its ServiceAccount may not get, list and watch configmaps"
+        in result.stderr
+    ), result.stderr
     assert "`serviceAccountName: multiworld-worker`" in result.stderr

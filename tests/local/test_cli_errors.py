@@ -31,8 +31,12 @@ GOOD = MANIFEST.replace(", w3]", "]").replace("    - name: world1\n      ranks: 
 def run_cli(tmp_path: Path, text: str, *flags: str) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "mw.yaml"
     path.write_text(text)
-    return subprocess.run([sys.executable, "-m", "multiworld_operator.cli", "run", str(path), *flags],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_every_spec_problem_is_listed_with_its_field(tmp_path):
@@ -43,23 +47,29 @@ def test_every_spec_problem_is_listed_with_its_field(tmp_path):
     assert "member logs" not in result.stderr  # nothing was started
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--kill", "nobody", "--after", "1"], "no member named 'nobody'"),
-    (["--kill", "w1:5", "--after", "1"], "has 2 pod(s)"),
-    (["--kill", "w1"], "one --after SECONDS per --kill"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--kill", "nobody", "--after", "1"], "no member named 'nobody'"),
+        (["--kill", "w1:5", "--after", "1"], "has 2 pod(s)"),
+        (["--kill", "w1"], "one --after SECONDS per --kill"),
+    ],
+)
 def test_bad_kill_flags_name_the_flag(tmp_path, flags, message):
     result = run_cli(tmp_path, GOOD, *flags)
     assert result.returncode == 2
     assert message in result.stderr
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--spares", "nobody=1"], "--spares nobody=1: no member named 'nobody'"),
-    (["--spares", "w1=two"], "--spares w1=two: expected N or MEMBER=N"),
-    (["--spares=-1"], "--spares -1: expected N or MEMBER=N"),
-    (["--spares", "w1=65"], "--spares: spec.members[1].spares: Input should be less than or equal to 64"),
-])
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--spares", "nobody=1"], "--spares nobody=1: no member named 'nobody'"),
+        (["--spares", "w1=two"], "--spares w1=two: expected N or MEMBER=N"),
+        (["--spares=-1"], "--spares -1: expected N or MEMBER=N"),
+        (["--spares", "w1=65"], "--spares: spec.members[1].spares: Input should be less than or equal to 64"),
+    ],
+)
 def test_bad_spares_flags_name_the_flag(tmp_path, flags, message):
     result = run_cli(tmp_path, GOOD, *flags)
     assert result.returncode == 2
@@ -68,8 +78,12 @@ def test_bad_spares_flags_name_the_flag(tmp_path, flags, message):
 
 
 def test_missing_file_is_named(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "multiworld_operator.cli", "run", str(tmp_path / "nope.yaml")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "multiworld_operator.cli", "run", str(tmp_path / "nope.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "nope.yaml does not exist" in result.stderr
 
 
@@ -79,10 +93,13 @@ def test_a_template_without_a_command_is_refused(tmp_path):
     assert "spec.template.spec.containers[0]: a command is required" in result.stderr
 
 
-@pytest.mark.parametrize(("command", "why"), [
-    ("no-such-program-here", "not found on PATH"),
-    ("./missing.sh", "no executable file at"),
-])
+@pytest.mark.parametrize(
+    ("command", "why"),
+    [
+        ("no-such-program-here", "not found on PATH"),
+        ("./missing.sh", "no executable file at"),
+    ],
+)
 def test_a_command_that_cannot_be_executed_is_refused_by_field(tmp_path, command, why):
     result = run_cli(tmp_path, GOOD.replace('command: [python, -c, "pass"]', f"command: [{command}]"))
     assert result.returncode == 2, result.stderr

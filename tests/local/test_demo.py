@@ -17,7 +17,7 @@ def test_make_demo_recovers_world1_and_leaves_world2_alone() -> None:
     result = subprocess.run(["make", "-s", "demo"], cwd=REPO, capture_output=True, text=True, timeout=360)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    summary = out[out.rindex("summary:"):]
+    summary = out[out.rindex("summary:") :]
     world1 = re.search(r"world1: Running at epoch 2; failures 1, recoveries 1 \((\d+\.\d+)s\), errors (\d+)", summary)
     assert world1, summary
     assert re.search(r"world2: Running at epoch 1; failures 0, recoveries 0 \(-\), errors 0", summary), summary

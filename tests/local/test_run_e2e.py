@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,8 +30,13 @@ def run_name(tmp_path: Path) -> str:
     return f"e2e-{zlib.crc32(str(tmp_path).encode()):08x}"
 
 
-def manifest(tmp_path: Path, worlds: list[dict] | None = None, members: list[dict] | None = None,
-             example: str = "all_gather", steps: int = 100000) -> Path:
+def manifest(
+    tmp_path: Path,
+    worlds: list[dict] | None = None,
+    members: list[dict] | None = None,
+    example: str = "all_gather",
+    steps: int = 100000,
+) -> Path:
     """A copy of an example's manifest with fast steps, and the topology given (else its own)."""
     doc = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
     doc["metadata"]["name"] = run_name(tmp_path)
@@ -44,7 +50,7 @@ def manifest(tmp_path: Path, worlds: list[dict] | None = None, members: list[dic
     return path
 
 
-SEED = dict(
+SEED: dict[str, Any] = dict(
     members=[{"name": "leader"}, {"name": "w1", "replicas": 2}, {"name": "w2", "replicas": 2}],
     worlds=[{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["leader", "w2"]}],
 )
@@ -55,7 +61,7 @@ def run(path: Path, tmp_path: Path, *flags: str) -> dict:
         [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
          "--log-dir", str(tmp_path / "logs"), *flags],
         capture_output=True, text=True, timeout=RUN_TIMEOUT, cwd=REPO,
-    )
+    )  # fmt: skip
     assert result.stdout.strip(), result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     summary["_stderr"] = result.stderr
@@ -106,7 +112,7 @@ def test_killing_the_shared_member_fails_and_rebuilds_both_worlds(tmp_path):
 
 def test_killing_a_store_host_rebuilds_its_world_and_spares_the_other(tmp_path):
     # world2's rank 0 (its store host) is w2-0, a pod of world2 only.
-    topology = dict(
+    topology: dict[str, Any] = dict(
         members=[{"name": "leader"}, {"name": "w1", "replicas": 2}, {"name": "w2", "replicas": 2}],
         worlds=[{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["w2", "leader"]}],
     )
@@ -133,8 +139,9 @@ def test_every_example_manifest_runs_to_completion_locally(tmp_path, example):
 def test_a_plain_torch_world_loses_every_rank_to_one_death(tmp_path):
     """single_world's manifest: one plain torch.distributed world. A kill fails that world, so
     every one of its pods is recreated (the contrast with the multi-world examples)."""
-    summary = run(manifest(tmp_path, example="single_world"), tmp_path,
-                  "--kill", "workers:1", "--after", "4", "--duration", "40")
+    summary = run(
+        manifest(tmp_path, example="single_world"), tmp_path, "--kill", "workers:1", "--after", "4", "--duration", "40"
+    )
     recovered_once(summary, "world")
     assert summary["_rc"] == 0
     log = (tmp_path / "logs" / f"{run_name(tmp_path)}-leader-0.log").read_text()
@@ -149,7 +156,7 @@ def test_a_signal_stops_every_member_and_prints_the_summary(tmp_path, sig):
         [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
          "--log-dir", str(tmp_path / "logs")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-    )
+    )  # fmt: skip
     lines: list[str] = []
     try:
         assert runner.stdout is not None
@@ -187,8 +194,9 @@ def test_chaos_kills_members_and_the_worlds_recover(tmp_path):
     assert summary["_rc"] == 0
 
 
-SPARED = dict(SEED, members=[{"name": "leader"}, {"name": "w1", "replicas": 2, "spares": 2},
-                             {"name": "w2", "replicas": 2}])
+SPARED: dict[str, Any] = dict(
+    SEED, members=[{"name": "leader"}, {"name": "w1", "replicas": 2, "spares": 2}, {"name": "w2", "replicas": 2}]
+)
 
 
 def test_the_manifests_spares_take_the_killed_worlds_places(tmp_path):
@@ -208,7 +216,8 @@ def test_the_manifests_spares_take_the_killed_worlds_places(tmp_path):
 
 
 def test_spares_flag_overrides_the_manifest(tmp_path):
-    summary = run(manifest(tmp_path, **SPARED), tmp_path, "--spares", "w1=0", "--kill", "w1:1", "--after", "5",
-                  "--duration", "40")
+    summary = run(
+        manifest(tmp_path, **SPARED), tmp_path, "--spares", "w1=0", "--kill", "w1:1", "--after", "5", "--duration", "40"
+    )
     recovered_once(summary, "world1")
     assert "SpareAssigned" not in summary["_stderr"] and "spare" not in " ".join(os.listdir(tmp_path / "logs"))

@@ -33,9 +33,8 @@ def test_an_exhausted_world_counts_its_last_failure_once():
 
 
 def test_live_table_columns_line_up():
-    lines = format_table([WorldRow("world1", "Running", 2, 3, 3, 1, 0),
-                          WorldRow("w2", "Recovering", 10, 1, 3, 9, 12)])
+    lines = format_table([WorldRow("world1", "Running", 2, 3, 3, 1, 0), WorldRow("w2", "Recovering", 10, 1, 3, 9, 12)])
     assert lines[0].split() == ["WORLD", "PHASE", "EPOCH", "RANKS", "UP", "RESTARTS", "ERRORS"]
     assert lines[1].split() == ["world1", "Running", "2", "3/3", "1", "0"]
-    starts = [line.index(cell) for line, cell in zip(lines, ["EPOCH", "2", "10"])]
+    starts = [line.index(cell) for line, cell in zip(lines, ["EPOCH", "2", "10"], strict=True)]
     assert len(set(starts)) == 1

@@ -47,11 +47,16 @@ except TypeError as error:
 except Exception:
     pass
 """
-WORKER_CHECK = CHANNEL_CHECK + """
+WORKER_CHECK = (
+    CHANNEL_CHECK
+    + """
 import multiworld, torch
 print(multiworld.__file__)
 """
-OPERATOR_CHECK = CHANNEL_CHECK + """
+)
+OPERATOR_CHECK = (
+    CHANNEL_CHECK
+    + """
 import kopf, multiworld_operator, multiworld_operator.kube.handlers, multiworld_operator.kube.main
 kopf.OperatorSettings().watching.label_selectors
 try:
@@ -62,17 +67,18 @@ else:
     raise SystemExit(f"torch is installed: {torch.__file__}")
 print(multiworld_operator.__file__)
 """
+)
 REQUIRES = "import importlib.metadata, json; print(json.dumps(importlib.metadata.requires('multiworld')))"
 
 
 def run(cmd: list[str | Path], cwd: Path, tail: int = 4000) -> str:
     """Run `cmd`; on failure, fail the test with the command and the tail of its output."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     if proc.returncode != 0:
-        pytest.fail(f"exit {proc.returncode}: {' '.join(map(str, cmd))}\n...{proc.stdout[-tail:]}",
-                    pytrace=False)
+        pytest.fail(f"exit {proc.returncode}: {' '.join(map(str, cmd))}\n...{proc.stdout[-tail:]}", pytrace=False)
     return proc.stdout
 
 
@@ -91,8 +97,12 @@ class Venv:
 
 def lower_bounds(extra: str) -> list[str]:
     """`name==lowest` for each range DECLARED for `extra`."""
-    return [f"{name}=={spec.version}" for name, specs in DECLARED[extra].items()
-            for spec in SpecifierSet(specs) if spec.operator == ">="]
+    return [
+        f"{name}=={spec.version}"
+        for name, specs in DECLARED[extra].items()
+        for spec in SpecifierSet(specs)
+        if spec.operator == ">="
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +143,11 @@ def test_extra_declares_its_ranges(venv: Venv) -> None:
     got: dict[str, SpecifierSet] = {}
     for line in json.loads(venv.python(REQUIRES)):
         req = Requirement(line)
-        if req.marker is not None and req.marker.evaluate({"extra": venv.extra}) \
-                and not req.marker.evaluate({"extra": ""}):
+        if (
+            req.marker is not None
+            and req.marker.evaluate({"extra": venv.extra})
+            and not req.marker.evaluate({"extra": ""})
+        ):
             got[req.name] = req.specifier
     want = {name: SpecifierSet(spec) for name, spec in DECLARED[venv.extra].items()}
     assert {name: got.get(name) for name in want} == want

@@ -4,7 +4,7 @@ and replans. It holds no decisions of its own."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from multiworld.contract import BrokenWorldReport
@@ -18,7 +18,7 @@ from multiworld_operator.planner import (
 )
 from multiworld_operator.spec import MultiWorld, parse_manifest
 
-T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
 
 def endpoint(world: str, rank0_pod: str) -> tuple[str, int]:
@@ -26,21 +26,29 @@ def endpoint(world: str, rank0_pod: str) -> tuple[str, int]:
 
 
 def make(members: list[dict[str, Any]], worlds: list[dict[str, Any]], name: str = "mw", **spec: Any) -> MultiWorld:
-    return parse_manifest({
-        "apiVersion": "multiworld.io/v1alpha1",
-        "kind": "MultiWorld",
-        "metadata": {"name": name, "generation": 1},
-        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
-                 "members": members, "worlds": worlds, **spec},
-    })
+    return parse_manifest(
+        {
+            "apiVersion": "multiworld.io/v1alpha1",
+            "kind": "MultiWorld",
+            "metadata": {"name": name, "generation": 1},
+            "spec": {
+                "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}},
+                "members": members,
+                "worlds": worlds,
+                **spec,
+            },
+        }
+    )
 
 
 def seed_topology(**world_extra: Any) -> MultiWorld:
     """leader is rank 0 of world1 (with w1 x2) and world2 (with w2)."""
     return make(
         [{"name": "leader"}, {"name": "w1", "replicas": 2}, {"name": "w2"}],
-        [{"name": "world1", "ranks": ["leader", "w1"], **world_extra},
-         {"name": "world2", "ranks": ["leader", "w2"], **world_extra}],
+        [
+            {"name": "world1", "ranks": ["leader", "w1"], **world_extra},
+            {"name": "world2", "ranks": ["leader", "w2"], **world_extra},
+        ],
     )
 
 
@@ -67,8 +75,13 @@ class Sim:
             self.pods.pop(delete.pod, None)
         for create in result.creates:
             if create.pod not in self.pods:
-                self.pods[create.pod] = PodObservation(name=create.pod, member=create.member, ordinal=create.ordinal or 0,
-                                                       phase="Pending", created_for=create.created_for)
+                self.pods[create.pod] = PodObservation(
+                    name=create.pod,
+                    member=create.member,
+                    ordinal=create.ordinal or 0,
+                    phase="Pending",
+                    created_for=create.created_for,
+                )
         self.status = result.status
 
     def step(self) -> Plan:
@@ -97,10 +110,12 @@ class Sim:
     def vanish(self, pod: str) -> None:
         del self.pods[pod]
 
-    def report(self, world: str, epoch: int, pod: str = "", peer_rank: int | None = None,
-               reason: str = "peer timed out") -> None:
-        self.reports.append(BrokenWorldReport(world=world, epoch=epoch, reason=reason, pod=pod,
-                                              peer_rank=peer_rank, time=self.now))
+    def report(
+        self, world: str, epoch: int, pod: str = "", peer_rank: int | None = None, reason: str = "peer timed out"
+    ) -> None:
+        self.reports.append(
+            BrokenWorldReport(world=world, epoch=epoch, reason=reason, pod=pod, peer_rank=peer_rank, time=self.now)
+        )
 
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)

@@ -9,17 +9,17 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from planner_sim import Sim
 
 from multiworld_operator.crd import crd
 from multiworld_operator.planner import merge_patch
 from multiworld_operator.spec import parse_manifest
-from planner_sim import Sim
 
 pytestmark = pytest.mark.kube
 
@@ -54,9 +54,10 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[client.ApiClient]:
     try:
         with cluster.api_client() as api_client:
             extensions = client.ApiextensionsV1Api(api_client)
-            extensions.create_custom_resource_definition(crd())
-            cluster_module.wait_for("the MultiWorld CRD to be established",
-                                    lambda: _established(extensions), ESTABLISH_TIMEOUT_S)
+            extensions.create_custom_resource_definition(crd())  # type: ignore[arg-type]  # a dict body, sent as is
+            cluster_module.wait_for(
+                "the MultiWorld CRD to be established", lambda: _established(extensions), ESTABLISH_TIMEOUT_S
+            )
             yield api_client
     finally:
         cluster.stop()
@@ -64,6 +65,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[client.ApiClient]:
 
 def _established(extensions: client.ApiextensionsV1Api) -> bool | None:
     found = extensions.read_custom_resource_definition(f"{PLURAL}.{GROUP}")
+    assert found.status is not None
     return any(c.type == "Established" and c.status == "True" for c in found.status.conditions or []) or None
 
 
@@ -77,20 +79,23 @@ def _example(name: str, example: str = "all_gather") -> dict[str, Any]:
 
 
 def _create(api: client.ApiClient, body: dict[str, Any]) -> dict[str, Any]:
-    return client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    created = client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+    return cast("dict[str, Any]", created)  # the custom resource, as JSON
 
 
 def _patch_status(api: client.ApiClient, name: str, status: dict[str, Any]) -> dict[str, Any]:
-    return client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-        GROUP, VERSION, NAMESPACE, PLURAL, name, {"status": status})
+    patched = client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, NAMESPACE, PLURAL, name, {"status": status}
+    )
+    return cast("dict[str, Any]", patched)  # the custom resource, as JSON
 
 
 def _get(api: client.ApiClient, path: str, accept: str = "application/json") -> Any:
-    method, url, headers, _, _ = api.param_serialize("GET", path, header_params={"Accept": accept},
-                                                     auth_settings=["BearerToken"])
+    method, url, headers, _, _ = api.param_serialize(
+        "GET", path, header_params={"Accept": accept}, auth_settings=["BearerToken"]
+    )
     response = api.call_api(method, url, headers)
-    response.read()
-    return json.loads(response.data)
+    return json.loads(response.read())
 
 
 def test_short_name_and_status_subresource_are_served(api: client.ApiClient) -> None:
@@ -115,6 +120,7 @@ def test_server_refuses_bad_values_naming_the_field(api: client.ApiClient) -> No
     body["spec"]["worlds"][1]["failurePolicy"] = {"window": "an hour"}
     with pytest.raises(ApiException) as refused:
         _create(api, body)
+    assert refused.value.body is not None
     message = json.loads(refused.value.body)["message"]
     for field in ("spec.members.replicas", "spec.worlds.name", "spec.worlds.failurePolicy.window"):
         assert field in message, message
@@ -134,7 +140,7 @@ def test_planner_status_view_is_stored_unpruned_and_merge_patches_clear_fields(a
     assert "kopf" in written["status"]  # room for other controllers' bookkeeping
     assert {k: v for k, v in written["status"].items() if k != "kopf"} == waiting.view()
 
-    sim.advance(waiting.worlds["world2"].restart_at.timestamp() - sim.now.timestamp())  # type: ignore[union-attr]
+    sim.advance(waiting.worlds["world2"].restart_at.timestamp() - sim.now.timestamp())
     restarted = sim.step().status
     written = _patch_status(api, "status", merge_patch(waiting.view(), restarted.view()))
     assert "restartAt" not in written["status"]["worlds"]["world2"]

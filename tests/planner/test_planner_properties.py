@@ -10,46 +10,59 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from multiworld_operator.planner import MultiWorldStatus, Observation, Plan, plan
-from multiworld_operator import spec
-from multiworld_operator.spec import MultiWorld, parse_duration
+from hypothesis import HealthCheck, given, settings, strategies as st
 from planner_sim import Sim, endpoint, make
 
+from multiworld_operator import spec
+from multiworld_operator.planner import MultiWorldStatus, Observation, Plan, plan
+from multiworld_operator.spec import MultiWorld, parse_duration
+
 # PLANNER_EXAMPLES=3000 for a long hunt; the default keeps the suite quick.
-SETTINGS = settings(max_examples=int(os.environ.get("PLANNER_EXAMPLES", "150")), deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("PLANNER_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
-SMALL_POLICIES = st.fixed_dictionaries({
-    "maxRestarts": st.integers(0, 3),
-    "window": st.sampled_from(["30s", "5m"]),
-    "backoff": st.fixed_dictionaries({"initialDelay": st.sampled_from(["0s", "2s", "7s"]), "maxDelay": st.just("20s")}),
-})
+SMALL_POLICIES = st.fixed_dictionaries(
+    {
+        "maxRestarts": st.integers(0, 3),
+        "window": st.sampled_from(["30s", "5m"]),
+        "backoff": st.fixed_dictionaries(
+            {"initialDelay": st.sampled_from(["0s", "2s", "7s"]), "maxDelay": st.just("20s")}
+        ),
+    }
+)
 
 
 def durations() -> st.SearchStrategy[str]:
     """Any duration the schema admits, its maximum included."""
     seconds = parse_duration(spec.MAX_DURATION)
-    return st.one_of(st.integers(0, int(seconds)).map(lambda s: f"{s}s"),
-                     st.sampled_from(["0s", "500ms", "1h30m", spec.MAX_DURATION]))
+    return st.one_of(
+        st.integers(0, int(seconds)).map(lambda s: f"{s}s"),
+        st.sampled_from(["0s", "500ms", "1h30m", spec.MAX_DURATION]),
+    )
 
 
 # Every number and duration over the schema's whole range.
-WHOLE_RANGE_POLICIES = st.fixed_dictionaries({
-    "maxRestarts": st.integers(0, spec.MAX_RESTARTS),
-    "window": durations(),
-    "backoff": st.fixed_dictionaries({"initialDelay": durations(), "maxDelay": durations(),
-                                      "factor": st.floats(1.0, spec.MAX_FACTOR)}),
-})
+WHOLE_RANGE_POLICIES = st.fixed_dictionaries(
+    {
+        "maxRestarts": st.integers(0, spec.MAX_RESTARTS),
+        "window": durations(),
+        "backoff": st.fixed_dictionaries(
+            {"initialDelay": durations(), "maxDelay": durations(), "factor": st.floats(1.0, spec.MAX_FACTOR)}
+        ),
+    }
+)
 
 
 @st.composite
 def topologies(draw: st.DrawFn, policies: st.SearchStrategy[dict[str, Any]] = SMALL_POLICIES) -> MultiWorld:
-    members = [{"name": f"m{i}", "replicas": draw(st.integers(1, 2)), "spares": draw(st.integers(0, 2))}
-               for i in range(draw(st.integers(2, 4)))]
+    members: list[dict[str, Any]] = [
+        {"name": f"m{i}", "replicas": draw(st.integers(1, 2)), "spares": draw(st.integers(0, 2))}
+        for i in range(draw(st.integers(2, 4)))
+    ]
     names = [m["name"] for m in members]
     worlds: list[dict[str, Any]] = []
     for i in range(draw(st.integers(1, 3))):
@@ -103,7 +116,8 @@ def inject(sim: Sim, fault: tuple[Any, ...]) -> tuple[set[str], set[tuple[str, i
 
 def healthy_worlds(before: MultiWorldStatus, hit: set[str], reported: set[tuple[str, int]]) -> list[str]:
     return [
-        name for name, world in before.worlds.items()
+        name
+        for name, world in before.worlds.items()
         if world.up and not hit & {before.played_by_pod(p) for p in world.pods} and (name, world.epoch) not in reported
     ]
 
@@ -113,8 +127,12 @@ def ours(sim: Sim, before: MultiWorldStatus, pod: str) -> bool:
     one the planner asked for."""
     record = before.pods.get(pod)
     seen = sim.pods.get(before.played_by_pod(pod))
-    return (record is not None and seen is not None and seen.phase != "Missing"
-            and (record.spare is not None or seen.created_for == record.created_for))
+    return (
+        record is not None
+        and seen is not None
+        and seen.phase != "Missing"
+        and (record.spare is not None or seen.created_for == record.created_for)
+    )
 
 
 def check_step(sim: Sim, before: MultiWorldStatus, result: Plan, hit: set[str], reported: set[tuple[str, int]]) -> None:
@@ -136,9 +154,15 @@ def check_step(sim: Sim, before: MultiWorldStatus, result: Plan, hit: set[str], 
 
 def ready_spares(sim: Sim, before: MultiWorldStatus, member: str) -> set[str]:
     """The spares of `member` the planner could give an identity in this step."""
-    return {name for name, spare in before.spare_pool.items()
-            if spare.member == member and spare.template == sim.mw.template_digest(member)
-            and name in sim.pods and sim.pods[name].phase == "Running" and sim.pods[name].warm}
+    return {
+        name
+        for name, spare in before.spare_pool.items()
+        if spare.member == member
+        and spare.template == sim.mw.template_digest(member)
+        and name in sim.pods
+        and sim.pods[name].phase == "Running"
+        and sim.pods[name].warm
+    }
 
 
 def check_spares(sim: Sim, before: MultiWorldStatus, result: Plan) -> None:
@@ -166,7 +190,8 @@ def check_consistency(mw: MultiWorld, sim: Sim, result: Plan) -> None:
     status = result.status
     up = {n: w for n, w in status.worlds.items() if w.up}
     assert [(w.name, w.epoch, [w.plays.get(p, p) for p in w.pods]) for w in result.table.worlds] == [
-        (n, w.epoch, w.pods) for n, w in up.items()]
+        (n, w.epoch, w.pods) for n, w in up.items()
+    ]
     for entry in result.table.worlds:
         assert entry.pods == [status.played_by_pod(p) for p in status.worlds[entry.name].pods]
     assert status.restarts == sum(w.restarts for w in status.worlds.values())
@@ -180,8 +205,7 @@ def check_consistency(mw: MultiWorld, sim: Sim, result: Plan) -> None:
             assert create.template == mw.template_of(create.member)
             continue
         assert set(create.created_for) == set(mw.worlds_of_pod(create.pod))
-        assert {a.name: a.epoch for a in create.worlds} == {
-            n: w.epoch for n, w in up.items() if create.pod in w.pods}
+        assert {a.name: a.epoch for a in create.worlds} == {n: w.epoch for n, w in up.items() if create.pod in w.pods}
         assert any(n in up for n in mw.worlds_of_pod(create.pod)), f"{create.pod} has no world to join"
     for name, world in status.worlds.items():
         policy = mw.world(name).failure_policy

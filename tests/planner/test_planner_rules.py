@@ -3,10 +3,29 @@ w1 x2 (exclusive to world1), w2 (exclusive to world2)."""
 
 from __future__ import annotations
 
-from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, StatusView, merge_patch, plan
+from typing import Any
+
 from planner_sim import T0, Sim, endpoint, make, seed_topology
 
+from multiworld_operator.planner import (
+    Condition,
+    CreatePod,
+    MultiWorldStatus,
+    Observation,
+    StatusView,
+    merge_patch,
+    plan,
+)
+
 LEADER, W1_0, W1_1, W2_0 = "mw-leader-0", "mw-w1-0", "mw-w1-1", "mw-w2-0"
+
+
+def condition(status: MultiWorldStatus | None, type_: str) -> Condition:
+    """The status's condition `type_`, which must be there."""
+    assert status is not None
+    found = status.condition(type_)
+    assert found is not None, f"no {type_} condition in {status.conditions}"
+    return found
 
 
 def running(**world_extra: object) -> Sim:
@@ -41,7 +60,9 @@ def test_first_plan_creates_every_pod_with_its_assignments() -> None:
     assert [w.name for w in result.table.worlds] == ["world1", "world2"]
     assert result.status.phase == "Pending" and result.status.worlds_ready == "0/2"
     assert {n: (w.epoch, w.phase, w.size) for n, w in result.status.worlds.items()} == {
-        "world1": (1, "Pending", 3), "world2": (1, "Pending", 2)}
+        "world1": (1, "Pending", 3),
+        "world2": (1, "Pending", 2),
+    }
     assert result.events == [] and result.requeue_after is None
     assert result.status.observed_generation == 1
 
@@ -65,8 +86,8 @@ def test_worlds_run_when_every_rank_joined_their_epoch() -> None:
     sim.start_all()
     result = sim.step()
     assert result.status.phase == "Running" and result.status.worlds_ready == "2/2"
-    assert result.status.condition("Ready").status == "True"
-    assert result.status.condition("Degraded").status == "False"
+    assert condition(result.status, "Ready").status == "True"
+    assert condition(result.status, "Degraded").status == "False"
 
 
 def test_a_running_pod_that_reports_an_older_epoch_is_not_ready() -> None:
@@ -96,7 +117,7 @@ def test_exclusive_pod_failure_restarts_only_its_world() -> None:
     assert (failure.reason, failure.pod, failure.rank, failure.epoch, failure.time) == ("PodFailed", W1_0, 1, 1, T0)
     assert [e.reason for e in result.events] == ["WorldFailed"] and result.events[0].type == "Warning"
     assert "restarting at epoch 2" in result.events[0].message
-    assert result.status.phase == "Recovering" and result.status.condition("Degraded").status == "True"
+    assert result.status.phase == "Recovering" and condition(result.status, "Degraded").status == "True"
     assert [(w.name, w.epoch) for w in result.publishes[0].table.worlds] == [("world1", 2), ("world2", 1)]
 
 
@@ -145,7 +166,8 @@ def test_missing_phase_is_the_same_as_absent() -> None:
     sim = running()
     sim.set_phase(W2_0, "Missing")
     result = sim.plan()
-    assert result.status.worlds["world2"].last_failure.reason == "PodDeleted"  # type: ignore[union-attr]
+    failure = result.status.worlds["world2"].last_failure
+    assert failure is not None and failure.reason == "PodDeleted"
 
 
 def test_shared_pod_failure_fails_every_world_it_is_in() -> None:
@@ -158,7 +180,11 @@ def test_shared_pod_failure_fails_every_world_it_is_in() -> None:
     assert [e.world for e in result.events] == ["world1", "world2"]
     result = sim.step()
     assert {c.pod: c.created_for for c in result.creates} == {
-        LEADER: {"world1": 2, "world2": 2}, W1_0: {"world1": 2}, W1_1: {"world1": 2}, W2_0: {"world2": 2}}
+        LEADER: {"world1": 2, "world2": 2},
+        W1_0: {"world1": 2},
+        W1_1: {"world1": 2},
+        W2_0: {"world2": 2},
+    }
 
 
 def test_shared_pod_dying_after_one_of_its_worlds_moved_on_fails_that_world_once() -> None:
@@ -202,11 +228,18 @@ def test_slow_scheduling_is_not_a_failure() -> None:
     sim = Sim(seed_topology())
     sim.step()
     sim.start_all()
-    sim.pods[W1_1] = sim.pods[W1_1].model_copy(update={
-        "phase": "Pending", "joined": None, "waiting": "Unschedulable: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu"})
+    sim.pods[W1_1] = sim.pods[W1_1].model_copy(
+        update={
+            "phase": "Pending",
+            "joined": None,
+            "waiting": "Unschedulable: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu",
+        }
+    )
     result = sim.step()
     world1 = result.status.worlds["world1"]
-    assert world1.phase == "Pending" and world1.waiting == {W1_1: "Unschedulable: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu"}
+    assert world1.phase == "Pending" and world1.waiting == {
+        W1_1: "Unschedulable: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu"
+    }
     assert sorted(reasons(sim)) == [("WorldReady", "world2"), ("WorldWaiting", "world1")]
     (waiting,) = [e.message for e in result.events if e.reason == "WorldWaiting"]
     assert W1_1 in waiting and "Insufficient nvidia.com/gpu" in waiting
@@ -284,7 +317,8 @@ def test_our_instance_replaced_by_a_foreign_one_is_a_deletion() -> None:
     sim = running()
     sim.pods[W2_0] = sim.pods[W2_0].model_copy(update={"created_for": {}})
     result = sim.step()
-    assert result.status.worlds["world2"].last_failure.reason == "PodDeleted"  # type: ignore[union-attr]
+    failure = result.status.worlds["world2"].last_failure
+    assert failure is not None and failure.reason == "PodDeleted"
     assert [d.pod for d in result.deletes] == [W2_0] and sim.epoch("world2") == 2
 
 
@@ -313,7 +347,7 @@ def test_exhausted_world_fails_alone() -> None:
     assert [d.pod for d in result.deletes] == [W2_0]
     assert [w.name for w in result.table.worlds] == ["world1"]
     assert result.status.phase == "Degraded" and result.status.worlds_ready == "1/2"
-    assert result.status.condition("Degraded").status == "True"
+    assert condition(result.status, "Degraded").status == "True"
     assert sim.epoch("world1") == 1 and sim.world_phase("world1") == "Running"
     # The exhausted world's pod is not recreated; the shared leader keeps running.
     result = sim.step()
@@ -425,8 +459,10 @@ def edit(sim: Sim, members: list[dict[str, object]], worlds: list[dict[str, obje
 
 
 SEED_MEMBERS: list[dict[str, object]] = [{"name": "leader"}, {"name": "w1", "replicas": 2}, {"name": "w2"}]
-SEED_WORLDS: list[dict[str, object]] = [{"name": "world1", "ranks": ["leader", "w1"]},
-                                        {"name": "world2", "ranks": ["leader", "w2"]}]
+SEED_WORLDS: list[dict[str, object]] = [
+    {"name": "world1", "ranks": ["leader", "w1"]},
+    {"name": "world2", "ranks": ["leader", "w2"]},
+]
 
 
 def test_adding_a_world_and_member_touches_nothing_else() -> None:
@@ -481,8 +517,11 @@ def test_editing_a_failed_world_revives_it() -> None:
     sim.fail(W2_0)
     sim.step()
     assert sim.world_phase("world2") == "Failed"
-    edit(sim, [*SEED_MEMBERS[:2], {"name": "w2", "replicas": 2}],
-         [{**world, "failurePolicy": {"maxRestarts": 0}} for world in SEED_WORLDS])
+    edit(
+        sim,
+        [*SEED_MEMBERS[:2], {"name": "w2", "replicas": 2}],
+        [{**world, "failurePolicy": {"maxRestarts": 0}} for world in SEED_WORLDS],
+    )
     result = sim.step()
     assert sim.world_phase("world2") == "Pending" and sim.epoch("world2") == 2
     assert {c.pod for c in result.creates} == {W2_0, "mw-w2-1"}
@@ -505,8 +544,13 @@ def test_backend_resolver_and_endpoint_are_the_platforms() -> None:
         calls.append((world, rank0))
         return "127.0.0.1", {"world1": 4001, "world2": 4002}[world]
 
-    result = plan(mw, None, Observation(now=T0), endpoint=local_endpoint,
-                  backend_of=lambda w: mw.local_backend_of(w, cuda_available=True)[0])
+    result = plan(
+        mw,
+        None,
+        Observation(now=T0),
+        endpoint=local_endpoint,
+        backend_of=lambda w: mw.local_backend_of(w, cuda_available=True)[0],
+    )
     assert sorted(set(calls)) == [("world1", LEADER), ("world2", LEADER)]
     assert [(w.backend, w.port) for w in result.table.worlds] == [("nccl", 4001), ("nccl", 4002)]
 
@@ -561,7 +605,15 @@ def test_the_view_is_what_kubectl_shows_and_no_more() -> None:
     assert sim.status is not None
     view = sim.status.view()
     assert set(view) == {"phase", "observedGeneration", "worldsReady", "restarts", "worlds", "conditions"}
-    assert set(view["worlds"]["world2"]) == {"phase", "epoch", "size", "readyRanks", "restarts", "lastFailure", "restartAt"}
+    assert set(view["worlds"]["world2"]) == {
+        "phase",
+        "epoch",
+        "size",
+        "readyRanks",
+        "restarts",
+        "lastFailure",
+        "restartAt",
+    }
     assert "waiting" not in view["worlds"]["world1"]  # shown only while a world waits
     # The CRD's status schema is generated from StatusView: the view is one of its instances.
     assert StatusView.model_validate(view).worlds["world2"].restart_at == sim.status.worlds["world2"].restart_at
@@ -573,8 +625,8 @@ def _apply_merge_patch(target: dict[str, object], patch: dict[str, object]) -> d
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _apply_merge_patch(out[key], value)  # type: ignore[arg-type]
+        elif isinstance(value, dict) and isinstance(current := out.get(key), dict):
+            out[key] = _apply_merge_patch(current, value)
         else:
             out[key] = value
     return out
@@ -582,14 +634,14 @@ def _apply_merge_patch(target: dict[str, object], patch: dict[str, object]) -> d
 
 def test_condition_transition_time_only_moves_on_change() -> None:
     sim = running()
-    ready_since = sim.status.condition("Ready").last_transition_time  # type: ignore[union-attr]
+    ready_since = condition(sim.status, "Ready").last_transition_time
     sim.advance(60)
     sim.step()
-    assert sim.status.condition("Ready").last_transition_time == ready_since  # type: ignore[union-attr]
+    assert condition(sim.status, "Ready").last_transition_time == ready_since
     sim.fail(W2_0)
     sim.step()
-    assert sim.status.condition("Ready").status == "False"  # type: ignore[union-attr]
-    assert sim.status.condition("Ready").last_transition_time == sim.now  # type: ignore[union-attr]
+    assert condition(sim.status, "Ready").status == "False"
+    assert condition(sim.status, "Ready").last_transition_time == sim.now
 
 
 def test_create_pod_round_trips_as_json() -> None:
@@ -600,12 +652,18 @@ def test_create_pod_round_trips_as_json() -> None:
 # -- warm spares ------------------------------------------------------------------------------
 
 
-def with_spares(w1_spares: int = 2, template: dict | None = None) -> Sim:
+def with_spares(w1_spares: int = 2, template: dict[str, Any] | None = None) -> Sim:
     """The seed topology with w1 keeping warm spares, every pod and spare running."""
-    members = [{"name": "leader"}, {"name": "w1", "replicas": 2, "spares": w1_spares}, {"name": "w2"}]
+    members: list[dict[str, Any]] = [
+        {"name": "leader"},
+        {"name": "w1", "replicas": 2, "spares": w1_spares},
+        {"name": "w2"},
+    ]
     if template is not None:
         members[1]["template"] = template
-    sim = Sim(make(members, [{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["leader", "w2"]}]))
+    sim = Sim(
+        make(members, [{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["leader", "w2"]}])
+    )
     sim.settle()
     sim.start_all()
     sim.step()
@@ -683,6 +741,7 @@ def test_spares_of_an_older_template_are_deleted_and_never_play() -> None:
     sim.step()
     sim.start_all()
     assert sim.step().status.spares == {"w1": "2/2"}
+    assert sim.status is not None
     assert all(sim.mw.template_digest("w1") == s.template for s in sim.status.spare_pool.values())
 
 

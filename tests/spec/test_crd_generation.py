@@ -66,9 +66,27 @@ def _walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any
 
 
 def test_schema_is_structural() -> None:
-    allowed = {"type", "description", "format", "pattern", "enum", "minimum", "maximum", "minLength",
-               "maxLength", "minItems", "maxItems", "properties", "required", "items", "additionalProperties",
-               "nullable", "default", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-map-type"}
+    allowed = {
+        "type",
+        "description",
+        "format",
+        "pattern",
+        "enum",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "properties",
+        "required",
+        "items",
+        "additionalProperties",
+        "nullable",
+        "default",
+        "x-kubernetes-preserve-unknown-fields",
+        "x-kubernetes-map-type",
+    }
     for path, node in _walk(schema()):
         assert "type" in node, f"{path or '<root>'} has no type"
         assert set(node) <= allowed, f"{path}: {set(node) - allowed}"
@@ -89,7 +107,11 @@ def test_spec_fields_are_typed_and_templates_preserved() -> None:
     }
     member = spec["properties"]["members"]["items"]
     assert member["properties"]["replicas"] == {
-        "type": "integer", "description": member["properties"]["replicas"]["description"], "minimum": 1, "maximum": 4096, "default": 1,
+        "type": "integer",
+        "description": member["properties"]["replicas"]["description"],
+        "minimum": 1,
+        "maximum": 4096,
+        "default": 1,
     }
     assert member["properties"]["template"]["x-kubernetes-preserve-unknown-fields"] is True
     world = spec["properties"]["worlds"]["items"]
@@ -104,8 +126,16 @@ def test_status_schema_holds_what_kubectl_reads_and_no_more() -> None:
     status = schema()["properties"]["status"]
     assert status["x-kubernetes-preserve-unknown-fields"] is True
     fields = status["properties"]
-    assert set(fields) == {"phase", "observedGeneration", "worlds", "conditions", "worldsReady", "restarts",
-                           "playedBy", "spares"}
+    assert set(fields) == {
+        "phase",
+        "observedGeneration",
+        "worlds",
+        "conditions",
+        "worldsReady",
+        "restarts",
+        "playedBy",
+        "spares",
+    }
     worlds = fields["worlds"]
     world = worlds["additionalProperties"]["properties"]
     assert set(world) == {"phase", "epoch", "size", "readyRanks", "restarts", "lastFailure", "restartAt", "waiting"}

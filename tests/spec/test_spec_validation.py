@@ -11,9 +11,7 @@ import yaml
 
 from multiworld_operator.spec import SpecError, load_manifest, parse_duration, parse_manifest, spare_name
 
-GPU_TEMPLATE = {
-    "spec": {"containers": [{"name": "w", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}
-}
+GPU_TEMPLATE = {"spec": {"containers": [{"name": "w", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
 CPU_TEMPLATE = {"spec": {"containers": [{"name": "w", "image": "x", "command": ["python", "main.py"]}]}}
 
 
@@ -115,10 +113,16 @@ def test_every_problem_is_listed_at_once_with_its_path() -> None:
         (lambda d: d["spec"]["worlds"][1].update(name="w" * 64), "spec.worlds[1].name", "not a valid name"),
         (lambda d: d["spec"].update(backend="mpi"), "spec.backend", "auto"),
         (lambda d: d["spec"]["worlds"][0].update(backend="ucc"), "spec.worlds[0].backend", "nccl"),
-        (lambda d: d["spec"]["worlds"][0].update(failurePolicy={"maxRestarts": -1}),
-         "spec.worlds[0].failurePolicy.maxRestarts", "greater than or equal to 0"),
-        (lambda d: d["spec"]["worlds"][0].update(failurePolicy={"backoff": {"maxDelay": "soon"}}),
-         "spec.worlds[0].failurePolicy.backoff.maxDelay", "not a duration"),
+        (
+            lambda d: d["spec"]["worlds"][0].update(failurePolicy={"maxRestarts": -1}),
+            "spec.worlds[0].failurePolicy.maxRestarts",
+            "greater than or equal to 0",
+        ),
+        (
+            lambda d: d["spec"]["worlds"][0].update(failurePolicy={"backoff": {"maxDelay": "soon"}}),
+            "spec.worlds[0].failurePolicy.backoff.maxDelay",
+            "not a duration",
+        ),
         (lambda d: d["spec"]["worlds"][0].update(rnaks=["leader"]), "spec.worlds[0].rnaks", "Extra inputs"),
         (lambda d: d["spec"].update(worlds=[]), "spec.worlds", "at least 1"),
         (lambda d: d["spec"]["members"][1].update(replicas="two"), "spec.members[1].replicas", "integer"),
@@ -139,8 +143,7 @@ def test_pod_name_limit_counts_the_highest_ordinal() -> None:
         parse_manifest(data)
     data["spec"]["members"][0]["replicas"] = 1000  # m...m-a-999 is 64 characters
     assert problems_of(data) == [
-        f"spec.members[0].name: pod name '{'m' * 58}-a-999' is 64 characters; "
-        "<name>-<member>-<ordinal> must fit in 63"
+        f"spec.members[0].name: pod name '{'m' * 58}-a-999' is 64 characters; <name>-<member>-<ordinal> must fit in 63"
     ]
 
 
@@ -167,12 +170,23 @@ def test_spare_names_end_in_letters_and_never_repeat() -> None:
     assert len(set(names)) == len(names) and all(n[-1].isalpha() for n in names)
 
 
-@pytest.mark.parametrize(("path", "value", "problem"), [
-    (("failurePolicy", "window"), "10000000d", "failurePolicy.window: '10000000d' is longer than the maximum duration, 366d"),
-    (("failurePolicy", "backoff", "initialDelay"), "367d", "initialDelay: '367d' is longer than the maximum duration, 366d"),
-    (("failurePolicy", "backoff", "factor"), 1e40, "factor: Input should be less than or equal to 100"),
-    (("failurePolicy", "maxRestarts"), 10**9, "maxRestarts: Input should be less than or equal to 10000"),
-])
+@pytest.mark.parametrize(
+    ("path", "value", "problem"),
+    [
+        (
+            ("failurePolicy", "window"),
+            "10000000d",
+            "failurePolicy.window: '10000000d' is longer than the maximum duration, 366d",
+        ),
+        (
+            ("failurePolicy", "backoff", "initialDelay"),
+            "367d",
+            "initialDelay: '367d' is longer than the maximum duration, 366d",
+        ),
+        (("failurePolicy", "backoff", "factor"), 1e40, "factor: Input should be less than or equal to 100"),
+        (("failurePolicy", "maxRestarts"), 10**9, "maxRestarts: Input should be less than or equal to 10000"),
+    ],
+)
 def test_every_number_and_duration_has_a_maximum(path: tuple[str, ...], value: object, problem: str) -> None:
     data = manifest(members=[{"name": "a", "replicas": 2}], worlds=[{"name": "w", "ranks": ["a"]}])
     target = data["spec"]["worlds"][0]
@@ -224,10 +238,14 @@ def test_auto_backend_is_nccl_only_when_every_rank_requests_gpus() -> None:
 
 
 def test_gpu_requests_may_be_strings_or_requests() -> None:
-    template = {"spec": {"containers": [
-        {"name": "a", "image": "x"},
-        {"name": "b", "image": "x", "resources": {"requests": {"nvidia.com/gpu": "2"}}},
-    ]}}
+    template = {
+        "spec": {
+            "containers": [
+                {"name": "a", "image": "x"},
+                {"name": "b", "image": "x", "resources": {"requests": {"nvidia.com/gpu": "2"}}},
+            ]
+        }
+    }
     mw = parse_manifest(manifest(template=template))
     assert mw.backend_of("world1") == "nccl"
     zero = {"spec": {"containers": [{"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 0}}}]}}
@@ -255,8 +273,10 @@ def test_local_backend_rules() -> None:
 # -- durations --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("5m", 300), ("1h", 3600), ("1h30m", 5400),
-                                               ("500ms", 0.5), ("2d", 172800), ("0s", 0), ("1.5m", 90)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30s", 30), ("5m", 300), ("1h", 3600), ("1h30m", 5400), ("500ms", 0.5), ("2d", 172800), ("0s", 0), ("1.5m", 90)],
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 

@@ -110,7 +110,13 @@ async def init_world(world_name: str, rank: int, port: int, args: argparse.Names
     assert world_manager is not None
     device = torch.device("cuda" if args.backend == "nccl" else "cpu")
     await world_manager.initialize_world(
-        world_name, rank, WORLD_SIZE, backend=args.backend, addr=args.addr, port=port, timeout=args.timeout,
+        world_name,
+        rank,
+        WORLD_SIZE,
+        backend=args.backend,
+        addr=args.addr,
+        port=port,
+        timeout=args.timeout,
         device=device,
     )
 
@@ -124,8 +130,14 @@ async def run_world(world_name: str, index: int, rank: int, port: int, args: arg
             results = await STEPS[args.op](communicator, world_name, index, rank, step)
         except Exception as e:
             print(f"caught an exception: {e}")
-            emit("caught", world=index, step=step, error=str(e), broken=isinstance(e, BrokenWorldException),
-                 is_broken=communicator.is_broken(world_name))
+            emit(
+                "caught",
+                world=index,
+                step=step,
+                error=str(e),
+                broken=isinstance(e, BrokenWorldException),
+                is_broken=communicator.is_broken(world_name),
+            )
             if reinits >= args.reinit:
                 break
             reinits += 1

@@ -61,5 +61,5 @@ def test_bad_arguments_and_ops_on_a_broken_world(spawn) -> None:
     assert pending["reason"] == "rank 1 left the world (verdict of rank 1)"
     assert leader.wait_for("new_raised")["broken"] is True
     leaver.tell("done")
-    for name, member in zip(("leader", "leaver"), members):
+    for name, member in zip(("leader", "leaver"), members, strict=True):
         assert member.wait_exit() == 0, (name, member.stderr())

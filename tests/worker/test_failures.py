@@ -244,8 +244,7 @@ def test_a_blocked_op_is_freed_by_a_frozen_peer_and_by_a_deliberate_leave(spawn,
     (port,) = free_ports(1)
     args = {"detect": TEST_DETECT, "op": op}
     members = [
-        spawn("blocked_op", {**args, "pod": f"m{rank}", "world": assignment("w", rank, 3, port)})
-        for rank in range(3)
+        spawn("blocked_op", {**args, "pod": f"m{rank}", "world": assignment("w", rank, 3, port)}) for rank in range(3)
     ]
     blocked, idle = members[:2], members[2]
     for member in blocked:

@@ -28,7 +28,7 @@ def join_everywhere(managers: list[mw.WorldManager], worlds: list[str], ports: l
     def join(rank: int) -> None:
         assignments = [
             mw.WorldAssignment(name=w, rank=rank, size=len(managers), host="127.0.0.1", port=p)
-            for w, p in zip(worlds, ports)
+            for w, p in zip(worlds, ports, strict=True)
         ]
         joined[rank] = managers[rank].join_all(assignments)
 
@@ -84,7 +84,7 @@ def per_tick(ranks: int, worlds: int) -> tuple[float, float]:
     host_ticks = after[0].host_ticks - before[0].host_ticks
     calls = (after[0].beat_stores.calls - before[0].beat_stores.calls) / host_ticks
     keys = (after[0].beat_stores.keys - before[0].beat_stores.keys) / host_ticks
-    for b, a in zip(before[1:], after[1:]):
+    for b, a in zip(before[1:], after[1:], strict=True):
         link_ticks = a.link_ticks - b.link_ticks
         calls += (a.beat_stores.calls - b.beat_stores.calls) / link_ticks
         keys += (a.beat_stores.keys - b.beat_stores.keys) / link_ticks
@@ -99,7 +99,7 @@ def close(a: float, b: float) -> bool:
 
 
 def test_heartbeat_requests_grow_linearly_with_ranks_and_not_with_shared_worlds() -> None:
-    calls, keys = zip(*(per_tick(ranks, 1) for ranks in (2, 3, 4)))
+    calls, keys = zip(*(per_tick(ranks, 1) for ranks in (2, 3, 4)), strict=True)
     # One more rank adds the same number of calls and of keys, whatever the size.
     for counts in (calls, keys):
         assert counts[1] - counts[0] > 0.5 and close(counts[2] - counts[1], counts[1] - counts[0]), counts
@@ -113,12 +113,30 @@ def test_a_frozen_process_is_seen_in_every_world_it_shares(spawn) -> None:
     all three break, w1 and w2 because P's heartbeat stopped, w3 because its store host froze."""
     p1, p2, p3 = free_ports(3)
     args = {"detect": TEST_DETECT, "worlds": {"w1": "idle", "w2": "idle", "w3": "idle"}}
-    leader = spawn("steady", args, static_env("L", [
-        assignment("w1", 0, 2, p1), assignment("w2", 0, 2, p2), assignment("w3", 1, 2, p3),
-    ]))
-    peer = spawn("steady", args, static_env("P", [
-        assignment("w1", 1, 2, p1), assignment("w2", 1, 2, p2), assignment("w3", 0, 2, p3),
-    ]))
+    leader = spawn(
+        "steady",
+        args,
+        static_env(
+            "L",
+            [
+                assignment("w1", 0, 2, p1),
+                assignment("w2", 0, 2, p2),
+                assignment("w3", 1, 2, p3),
+            ],
+        ),
+    )
+    peer = spawn(
+        "steady",
+        args,
+        static_env(
+            "P",
+            [
+                assignment("w1", 1, 2, p1),
+                assignment("w2", 1, 2, p2),
+                assignment("w3", 0, 2, p3),
+            ],
+        ),
+    )
     leader.wait_for("joined")
     peer.wait_for("joined")
     peer.signal(signal.SIGSTOP)

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from pydantic import ValidationError
+from worker_support import free_ports, table
 
 import multiworld as mw
 from multiworld.channels import open_channel
 from multiworld_operator.local.runner import LocalRunner
 from multiworld_operator.spec import load_manifest
-from worker_support import free_ports, table
 
 FAST = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=30, op_timeout=30)
 
@@ -26,9 +26,15 @@ def managers(table_server, *pods: str) -> list[mw.WorldManager]:
     return [mw.WorldManager(pod=pod, config=FAST, channel=open_channel(table_server.url, pod)) for pod in pods]
 
 
+def started(work: mw.Work | None) -> mw.Work:
+    """What an op called with async_op=True returns."""
+    assert work is not None
+    return work
+
+
 async def all_reduce_pair(first: mw.World, second: mw.World) -> list[float]:
     tensors = [torch.full((2,), float(w.rank + 1)) for w in (first, second)]
-    works = [w.all_reduce(t, async_op=True) for w, t in zip((first, second), tensors)]
+    works = [started(w.all_reduce(t, async_op=True)) for w, t in zip((first, second), tensors, strict=True)]
     await asyncio.gather(*works)
     return tensors[0].tolist() + tensors[1].tolist()
 
@@ -46,7 +52,8 @@ def test_apply_follows_the_table(table_server) -> None:
         table_server.publish(table(2, ("w", 2, port, ["p0", "p1"])))
         second = [await m.wait_world("w", newer_than=1, timeout=60) for m in (m0, m1)]
         assert [w.epoch for w in second] == [2, 2]
-        assert first[0].broken and first[0].error.reason == "rank 0 moved on to epoch 2"
+        assert first[0].broken and first[0].error is not None
+        assert first[0].error.reason == "rank 0 moved on to epoch 2"
         assert await all_reduce_pair(*second) == [3.0] * 4
         table_server.wait_until(
             lambda: any(s.pod == "p1" and s.joined == {"w": 2} for s in table_server.statuses), "p1 at epoch 2"
@@ -57,7 +64,7 @@ def test_apply_follows_the_table(table_server) -> None:
         while (m0.worlds() or m1.worlds()) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert m0.worlds() == {} and m1.worlds() == {}
-        assert "left the world" in second[1].error.reason
+        assert second[1].error is not None and "left the world" in second[1].error.reason
         assert m0.status().errors == {} and m1.status().errors == {}
 
     asyncio.run(scenario())
@@ -116,8 +123,10 @@ def test_following_a_table_a_timed_out_join_goes_on_waiting(table_server) -> Non
     first = mw.WorldManager(pod="p0", config=patient, channel=open_channel(table_server.url, "p0"))
     late = None
     try:
-        table_server.wait_until(lambda: any(r.world == "w" and r.reason.startswith("join failed: ")
-                                            for r in table_server.reports), "a timed-out join reported")
+        table_server.wait_until(
+            lambda: any(r.world == "w" and r.reason.startswith("join failed: ") for r in table_server.reports),
+            "a timed-out join reported",
+        )
         time.sleep(1.5)  # another timeout or two pass: still waiting, at the same epoch
         assert first.worlds() == {} and set(first._joins) == {"w"}
         late = mw.WorldManager(pod="p1", config=FAST, channel=open_channel(table_server.url, "p1"))
@@ -143,8 +152,9 @@ def _port_free(port: int) -> bool:
 @pytest.mark.parametrize("ending", ["timed out", "called off"])
 def test_a_failed_rank0_join_stops_the_store_it_started(ending: str) -> None:
     (port,) = free_ports(1)
-    config = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=60 if ending == "called off" else 1,
-                             op_timeout=30)
+    config = mw.DetectConfig(
+        heartbeat_interval=0.05, dead_after=1.5, join_timeout=60 if ending == "called off" else 1, op_timeout=30
+    )
     manager = mw.WorldManager(pod="p0", config=config)
     try:
         join = manager._start_join(mw.WorldAssignment(name="w", rank=0, size=2, host="127.0.0.1", port=port))
@@ -221,7 +231,7 @@ def test_a_peer_leaving_breaks_the_world_and_its_name_is_used_again(table_server
 
     async def scenario() -> None:
         w0, w1 = await asyncio.gather(m0.join_async(at(1, 0)), m1.join_async(at(1, 1)))
-        pending = w0.all_reduce(torch.ones(1), async_op=True)
+        pending = started(w0.all_reduce(torch.ones(1), async_op=True))
         m1.leave("w")
         with pytest.raises(mw.WorldBrokenError) as broken:
             await pending
@@ -272,10 +282,8 @@ def test_join_refusals_and_waits(table_server) -> None:
         manager.join(alone)
     partner = mw.WorldManager(pod="p1", config=FAST)
 
-    async def together() -> list[mw.World]:
-        return await asyncio.gather(
-            manager.join_async(alone), partner.join_async(alone.model_copy(update={"rank": 1}))
-        )
+    async def together() -> tuple[mw.World, mw.World]:
+        return await asyncio.gather(manager.join_async(alone), partner.join_async(alone.model_copy(update={"rank": 1})))
 
     assert [w.rank for w in asyncio.run(together())] == [0, 1]
     partner.close()

@@ -86,7 +86,7 @@ def test_one_manager_class_serves_both_apis_and_names_map_to_labels() -> None:
 
 
 # call -> (error type, words its message must hold)
-BAD_CALLS = {
+BAD_CALLS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "port -1": (dict(port=-1), ValueError, "port"),
     "rank out of world": (dict(rank=3), ValueError, "rank 3 is out of range for world_size 3"),
     "world of one": (dict(rank=0, world_size=1), ValueError, "world_size"),
@@ -100,7 +100,7 @@ BAD_CALLS = {
 @pytest.mark.parametrize("case", BAD_CALLS)
 def test_initialize_world_refuses_bad_arguments_naming_them(case: str) -> None:
     changes, error, words = BAD_CALLS[case]
-    call = dict(world_name="w", rank=1, world_size=SIZE, port=free_ports(1)[0]) | changes
+    call: dict[str, Any] = dict(world_name="w", rank=1, world_size=SIZE, port=free_ports(1)[0]) | changes
 
     async def initialize() -> None:
         with WorldManager() as manager:
@@ -112,10 +112,11 @@ def test_initialize_world_refuses_bad_arguments_naming_them(case: str) -> None:
 
 def test_unknown_world_names_are_refused_naming_them() -> None:
     with pytest.raises(TypeError, match="enable_monitor is a keyword"):
-        WorldManager(False)  # type: ignore[arg-type]
+        WorldManager(False)  # type: ignore[arg-type]  # a positional argument on purpose: the refusal is tested
     with WorldManager() as manager:
         with pytest.raises(UnknownWorldError, match="unknown world 'nowhere'"):
-            asyncio.run(manager.communicator.all_reduce(None, world_name="nowhere"))
+            # No tensor: the unknown world is refused before the tensor is looked at.
+            asyncio.run(manager.communicator.all_reduce(None, world_name="nowhere"))  # type: ignore[arg-type]  # see above
         with pytest.raises(ValueError, match="unknown world 'nowhere'"):
             manager.remove_world("nowhere")
         assert manager.communicator.is_broken("nowhere")
@@ -138,7 +139,7 @@ def test_a_removed_world_is_initialized_again_under_its_name() -> None:
 
             async def all_reduce() -> list[float]:
                 tensors = [torch.ones(2) for _ in managers]
-                await asyncio.gather(*(m.communicator.all_reduce(t) for m, t in zip(managers, tensors)))
+                await asyncio.gather(*(m.communicator.all_reduce(t) for m, t in zip(managers, tensors, strict=True)))
                 return tensors[1].tolist()
 
             await initialize()

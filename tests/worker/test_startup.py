@@ -41,7 +41,10 @@ def test_import_multiworld_loads_neither_torch_nor_kubernetes() -> None:
     assert imported_after("import multiworld.channels.local, multiworld.contract") == set()
     # The kubernetes channel loads kubernetes only when a kubernetes:// table is asked for
     # (here without cluster credentials, so opening it may fail after the import).
-    asked = "from multiworld.channels import open_channel\ntry:\n    open_channel('kubernetes://ns/n', 'p')\nexcept Exception:\n    pass"
+    asked = (
+        "from multiworld.channels import open_channel\n"
+        "try:\n    open_channel('kubernetes://ns/n', 'p')\nexcept Exception:\n    pass"
+    )
     assert "kubernetes" in imported_after(asked)
     assert imported_after("from multiworld import World") == {"torch"}
 
@@ -66,8 +69,10 @@ def test_verdict_round_trip_and_foreign_text() -> None:
 
 
 def test_a_gloo_error_is_told_without_its_source_location_and_hints() -> None:
-    text = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
-            "[127.0.0.1]:20872. This is typically caused by a remote worker crashing.\nmore")
+    text = (
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:20872. This is typically caused by a remote worker crashing.\nmore"
+    )
     assert short(RuntimeError(text)) == "Connection closed by peer [127.0.0.1]:20872."
     assert short(RuntimeError("")) == "RuntimeError"
 
@@ -225,8 +230,9 @@ SIGNALLED: dict[str, tuple[signal.Signals, tuple[str, ...], int]] = {
 
 
 def test_a_spare_without_an_identity_ends_promptly_on_a_signal(spawn, table_server) -> None:
-    spares = {pod: start_program(spawn, pod, spare_env(table_server, pod), *flags)
-              for pod, (_, flags, _) in SIGNALLED.items()}
+    spares = {
+        pod: start_program(spawn, pod, spare_env(table_server, pod), *flags) for pod, (_, flags, _) in SIGNALLED.items()
+    }
     for pod in spares:
         table_server.wait_until(lambda pod=pod: any(s.waiting for s in statuses_of(table_server, pod)), f"{pod} waits")
     for pod, member in spares.items():
@@ -262,7 +268,7 @@ def test_a_broken_world_event_names_the_member_a_spare_plays() -> None:
             bodies.append(body)
 
     channel = KubernetesChannel("kubernetes://ns/mw", SPARE, api=client.ApiClient())
-    channel.core = Core()  # type: ignore[assignment]
+    channel.core = Core()  # type: ignore[assignment]  # a stand-in for the CoreV1Api
     broken = BrokenWorldReport(world="w", epoch=2, reason="recv timed out", peer_rank=1, pod=SPARE)
     channel._post_event(broken)
     channel._post_event(broken.model_copy(update={"plays": PLAYED}))

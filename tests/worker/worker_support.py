@@ -150,7 +150,10 @@ class TableServer:
 
     def _record(self, message: BrokenWorldReport | WorkerStatus) -> None:
         with self._cond:
-            (self.reports if isinstance(message, BrokenWorldReport) else self.statuses).append(message)
+            if isinstance(message, BrokenWorldReport):
+                self.reports.append(message)
+            else:
+                self.statuses.append(message)
             self._cond.notify_all()
 
     def publish(self, table: WorldTable) -> None:

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch._C._distributed_c10d import Backend, BarrierOptions, ProcessGroup, Store
@@ -19,6 +19,9 @@ from torch._C._distributed_c10d import Backend, BarrierOptions, ProcessGroup, St
 from multiworld.errors import UnsupportedOpError, WorldJoinError
 
 if TYPE_CHECKING:
+    from torch._C._distributed_c10d import ProcessGroupNCCL
+    from torch.distributed.distributed_c10d import GroupName
+
     from multiworld.work import Work
     from multiworld.world import World
 
@@ -65,8 +68,11 @@ class Driver(Protocol):
     # Ops whose arguments the backend checks before it posts anything, so that the library
     # checks them only after a refusal, to name the bad one (see ops.Collectives._not_started).
     self_checked: frozenset[str]
-    # Where tensors must live (None: anywhere the backend accepts).
-    device: torch.device | None
+
+    @property
+    def device(self) -> torch.device | None:
+        """Where tensors must live (None: anywhere the backend accepts)."""
+        ...
 
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup: ...
 
@@ -111,7 +117,8 @@ class GlooDriver:
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup:
         from torch.distributed import ProcessGroupGloo
 
-        options = ProcessGroupGloo._Options()
+        # torch's stubs lack the private _Options (the C++ options with _devices and _threads).
+        options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._timeout = timeout
         options._devices = [_shared_gloo_device()]
         # One worker thread, not torch's two: a world's collectives run in the order they were
@@ -123,7 +130,7 @@ class GlooDriver:
         _register(pg, torch.device("cpu"), ProcessGroup.BackendType.GLOO, backend)
         if torch.cuda.is_available():
             pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.GLOO, backend)
-        pg._set_group_name(group_name)
+        pg._set_group_name(cast("GroupName", group_name))
         return pg
 
     def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
@@ -139,7 +146,8 @@ class GlooDriver:
             if peer == rank:
                 continue
             try:
-                work = comm.recv([torch.empty(1, dtype=torch.uint8)], peer, _INTERRUPT_TAG)
+                # torch's stubs omit a Backend's ops (bound in C++); this is a ProcessGroupGloo.
+                work = comm.recv([torch.empty(1, dtype=torch.uint8)], peer, _INTERRUPT_TAG)  # type: ignore[attr-defined]
             except RuntimeError:
                 continue  # this pair is closed already
             try:
@@ -217,7 +225,7 @@ class NcclDriver:
         pg = ProcessGroup(store, rank, size)
         _register(pg, self.device, ProcessGroup.BackendType.NCCL, backend)
         pg.bound_device_id = self.device
-        pg._set_group_name(group_name)
+        pg._set_group_name(cast("GroupName", group_name))
         return pg
 
     def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
@@ -245,7 +253,7 @@ class NcclDriver:
         if not pgs:
             return
         with _nccl_abort_lock:
-            group = pgs[0]._get_backend(self.device)
+            group = cast("ProcessGroupNCCL", pgs[0]._get_backend(self.device))  # the one build() registered
             group._group_start()
             try:
                 for pg in pgs:

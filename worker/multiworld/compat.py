@@ -94,14 +94,17 @@ class WorldRequest(BaseModel):
 class PymultiworldFace:
     """pymultiworld's WorldManager methods, mixed into WorldManager."""
 
+    # Each method's `self` is the WorldManager this is mixed into. mypy accepts only a supertype
+    # (or a protocol) as a method's self-type, hence the [misc] ignores below.
+
     @cached_property
-    def communicator(self: WorldManager) -> WorldCommunicator:
+    def communicator(self: WorldManager) -> WorldCommunicator:  # type: ignore[misc]  # see above
         """The process's one WorldCommunicator (pymultiworld's ops)."""
         from multiworld.communicator import WorldCommunicator
 
         return WorldCommunicator(self)
 
-    async def initialize_world(
+    async def initialize_world(  # type: ignore[misc]  # self: see above
         self: WorldManager,
         world_name: str,
         rank: int,
@@ -120,7 +123,12 @@ class PymultiworldFace:
         the world's next epoch, with the other members that initialize it again.
         """
         request = WorldRequest(
-            world_name=world_name, rank=rank, world_size=world_size, backend=backend, addr=addr, port=port,
+            world_name=world_name,
+            rank=rank,
+            world_size=world_size,
+            backend=backend,
+            addr=addr,
+            port=port,
             timeout=timeout,
         )
         label = world_label(world_name)
@@ -150,7 +158,7 @@ class PymultiworldFace:
             communicator._epochs[world_name] = world.epoch
             return
 
-    def remove_world(self: WorldManager, world_name: str) -> None:
+    def remove_world(self: WorldManager, world_name: str) -> None:  # type: ignore[misc]  # see above
         """Leave the world: its peers see it broken. Its name can be initialized again."""
         try:
             self.leave(world_label(world_name))
@@ -158,7 +166,7 @@ class PymultiworldFace:
             if world_name not in self.communicator._epochs:
                 raise UnknownWorldError(world_name, "remove_world: it was never initialized here") from None
 
-    def cleanup(self: WorldManager) -> NoReturn:
+    def cleanup(self: WorldManager) -> NoReturn:  # type: ignore[misc]  # self: see above
         """End the process now, with exit status 0, as pymultiworld's cleanup does (nothing
         after it runs). Every world is left first, so the peers read a deliberate leave, not a
         failure; the wait for that is bounded."""
@@ -171,7 +179,12 @@ def _read_next_epoch(request: WorldRequest, held: int, deadline: float) -> int:
 
     label = world_label(request.world_name)
     store = stores.open_client(
-        label, request.rank, request.addr, request.port, deadline=deadline, cancelled=threading.Event(),
+        label,
+        request.rank,
+        request.addr,
+        request.port,
+        deadline=deadline,
+        cancelled=threading.Event(),
         wait_timeout=request.timeout,
     )
     try:
@@ -179,7 +192,9 @@ def _read_next_epoch(request: WorldRequest, held: int, deadline: float) -> int:
     except WorldJoinError:
         raise
     except Exception as exc:  # the store went away under us
-        raise WorldJoinError(f"world {request.world_name!r}: reading its epoch from its store failed: {short(exc)}") from exc
+        raise WorldJoinError(
+            f"world {request.world_name!r}: reading its epoch from its store failed: {short(exc)}"
+        ) from exc
 
 
 async def _in_thread(fn: Callable[..., T], name: str, *args: Any) -> T:

@@ -17,7 +17,7 @@ import json
 import re
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -174,8 +174,11 @@ class WorldTable(_Model):
     def replaced(self, pod: str, created_for: Mapping[str, int]) -> list[str]:
         """The worlds whose entry names a newer instance of `pod` than the one created for the
         epochs `created_for` (world -> epoch): that instance has been replaced."""
-        return [w.name for w in self.worlds
-                if w.name in created_for and w.instances.get(pod, created_for[w.name]) > created_for[w.name]]
+        return [
+            w.name
+            for w in self.worlds
+            if w.name in created_for and w.instances.get(pod, created_for[w.name]) > created_for[w.name]
+        ]
 
 
 class WorkerEnv(_Model):
@@ -199,8 +202,9 @@ class WorkerEnv(_Model):
             worlds = json.loads(environ[ENV_WORLDS])
         except json.JSONDecodeError as exc:
             raise ValueError(f"{ENV_WORLDS} is not valid JSON: {exc}") from exc
-        return cls(pod=environ[ENV_POD], worlds=worlds, table=environ.get(ENV_TABLE, ""),
-                   spare=environ.get(ENV_SPARE, ""))
+        return cls(
+            pod=environ[ENV_POD], worlds=worlds, table=environ.get(ENV_TABLE, ""), spare=environ.get(ENV_SPARE, "")
+        )
 
     @model_validator(mode="after")
     def _spare_waits_for_a_table(self) -> WorkerEnv:
@@ -220,7 +224,7 @@ class WorkerEnv(_Model):
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 # How a report of a join that timed out or was refused begins (BrokenWorldReport.reason).

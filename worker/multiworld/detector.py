@@ -364,7 +364,9 @@ class _Link(_Owner):
                     watch.judge(0, silent)
             if now_news != news:
                 news = now_news
-                for watch, raw in zip(watches, self._call(beats.multi_get, [w.verdict_key for w in watches])):
+                for watch, raw in zip(
+                    watches, self._call(beats.multi_get, [w.verdict_key for w in watches]), strict=True
+                ):
                     watch.apply_verdict(raw)
             self._check_epochs(watches, self._call)
 
@@ -422,7 +424,9 @@ class Detector(_Owner):
         try:
             store = TCPStore(key[0], key[1], None, False, timedelta(seconds=timeout))
         except Exception as exc:
-            raise WorldJoinError(f"cannot reach the failure detector of rank 0 at {key[0]}:{key[1]}: {short(exc)}") from exc
+            raise WorldJoinError(
+                f"cannot reach the failure detector of rank 0 at {key[0]}:{key[1]}: {short(exc)}"
+            ) from exc
         with self._lock:
             link = self._links.setdefault(key, _Link(self, key, self._counted(store, self._load.beat_stores)))
             link.pins += 1
@@ -598,7 +602,7 @@ class Detector(_Owner):
         values = beats.multi_get([NEWS] + [beat_key(t) for t in tokens])
         self._count_tick(link=False)
         now = time.monotonic()
-        for token, value in zip(tokens, values[1:]):
+        for token, value in zip(tokens, values[1:], strict=True):
             silent = self._counters.setdefault(token, _Counter(now)).see(value, now)
             worlds = self._members[token]
             if silent > min(w.dead_after for w in worlds):
@@ -607,7 +611,7 @@ class Detector(_Owner):
         if values[0] != self._news:
             self._news = values[0]
             hosted = list(self._hosted)
-            for watch, raw in zip(hosted, beats.multi_get([w.verdict_key for w in hosted])):
+            for watch, raw in zip(hosted, beats.multi_get([w.verdict_key for w in hosted]), strict=True):
                 watch.apply_verdict(raw)
         self._check_epochs(self._hosted, _now_call)
 

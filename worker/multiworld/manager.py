@@ -7,13 +7,14 @@ No torch at import: the communicator code (world.py) loads on the first join.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from multiworld import shutdown
@@ -102,7 +103,7 @@ class WorldManager(PymultiworldFace):
         self.pod = pod or socket.gethostname()
         self._instance = dict(instance or {})
         self._replaced = False
-        self._started = datetime.now(timezone.utc)
+        self._started = datetime.now(UTC)
         self._joined_at: dict[str, datetime] = {}
         self.config = config if config is not None else DetectConfig.from_env()
         if not enable_monitor:
@@ -116,7 +117,8 @@ class WorldManager(PymultiworldFace):
         self._given_up: dict[str, int] = {}  # the epoch per world whose join failed: not retried
         self._errors: dict[str, int] = {}
         self._revision = -1
-        self._watchers: list[Callable[[], None]] = []
+        # Called once at the next change, outside the lock; what they return is ignored.
+        self._watchers: list[Callable[[], object]] = []
         self._last_status: WorkerStatus | None = None
         self._closed = False
         self._waiting = spare
@@ -268,7 +270,7 @@ class WorldManager(PymultiworldFace):
             if current:
                 del self._joins[name]
                 self._worlds[name] = world
-                self._joined_at[name] = datetime.now(timezone.utc)
+                self._joined_at[name] = datetime.now(UTC)
                 join.world = world
         if not current:
             world._close("cancelled its join")
@@ -295,8 +297,9 @@ class WorldManager(PymultiworldFace):
         if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):
             log.warning("could not join world %s epoch %d: %s", a.name, a.epoch, exc)
             self._channel.report(
-                BrokenWorldReport(world=a.name, epoch=a.epoch, reason=f"{JOIN_FAILED}{exc}", pod=self.pod,
-                                  plays=self._plays)
+                BrokenWorldReport(
+                    world=a.name, epoch=a.epoch, reason=f"{JOIN_FAILED}{exc}", pod=self.pod, plays=self._plays
+                )
             )
         elif current:
             log.info("gave up joining world %s epoch %d: %s", a.name, a.epoch, exc)
@@ -358,8 +361,11 @@ class WorldManager(PymultiworldFace):
         worlds = table.replaced(self.pod, self._instance)
         if not worlds:
             return False
-        log.warning("pod %s was replaced by a newer instance (worlds %s): this process joins nothing more",
-                    self.pod, ", ".join(worlds))
+        log.warning(
+            "pod %s was replaced by a newer instance (worlds %s): this process joins nothing more",
+            self.pod,
+            ", ".join(worlds),
+        )
         self._replaced = True
         for name in set(self._worlds) | set(self._joins):
             self._leave(name)
@@ -471,11 +477,11 @@ class WorldManager(PymultiworldFace):
                 if predicate():
                     return
                 self._check_open()
-                self._watchers.append(lambda: loop.call_soon_threadsafe(_wake, fut))
+                self._watchers.append(functools.partial(loop.call_soon_threadsafe, _wake, fut))
             remaining = None if deadline is None else deadline - loop.time()
             try:
                 await asyncio.wait_for(fut, remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise TimeoutError(f"{what} not ready after {timeout}s") from None
 
     def _check_open(self) -> None:
@@ -490,8 +496,12 @@ class WorldManager(PymultiworldFace):
                 self._errors[world.name] = self._errors.get(world.name, 0) + 1
             self._channel.report(
                 BrokenWorldReport(
-                    world=error.world, epoch=error.epoch, reason=error.reason, peer_rank=error.peer_rank,
-                    pod=self.pod, plays=self._plays,
+                    world=error.world,
+                    epoch=error.epoch,
+                    reason=error.reason,
+                    peer_rank=error.peer_rank,
+                    pod=self.pod,
+                    plays=self._plays,
                 )
             )
         self._changed()
@@ -504,9 +514,15 @@ class WorldManager(PymultiworldFace):
         """What this process holds now: healthy worlds' epochs, and failures seen per world."""
         with self._lock:
             joined = {name: w.epoch for name, w in self._worlds.items() if not w.broken}
-            return WorkerStatus(pod=self.pod, joined=joined, errors=dict(self._errors), started=self._started,
-                                joined_at={name: self._joined_at[name] for name in joined},
-                                waiting=self._waiting, plays=self._plays)
+            return WorkerStatus(
+                pod=self.pod,
+                joined=joined,
+                errors=dict(self._errors),
+                started=self._started,
+                joined_at={name: self._joined_at[name] for name in joined},
+                waiting=self._waiting,
+                plays=self._plays,
+            )
 
     def _changed(self) -> None:
         with self._lock:

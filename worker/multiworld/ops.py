@@ -25,11 +25,11 @@ from torch._C._distributed_c10d import (
     Backend,
     BroadcastOptions,
     GatherOptions,
+    ReduceOp as TorchReduceOp,
     ReduceOptions,
     ReduceScatterOptions,
     ScatterOptions,
 )
-from torch._C._distributed_c10d import ReduceOp as TorchReduceOp
 from torch.distributed import DistError
 
 from multiworld.detect import short
@@ -181,7 +181,9 @@ class Collectives:
                 raise ValueError(f"{name}[{i}] has {_describe(tensor)}, but {like_name} has {_describe(like)}")
         return list(tensors)
 
-    def _root_list(self, name: str, tensors: Any, like: torch.Tensor, root_name: str, root: int) -> list[list[torch.Tensor]]:
+    def _root_list(
+        self, name: str, tensors: Any, like: torch.Tensor, root_name: str, root: int
+    ) -> list[list[torch.Tensor]]:
         """The per-rank list that only the root passes (gather_list, scatter_list)."""
         if self.rank == root:
             if tensors is None:
@@ -270,7 +272,7 @@ class Collectives:
                 return None
         except (RuntimeError, TypeError) as exc:
             raise self._failed(op, exc, args, torch_work is not None) from exc
-        work = Work(self, op, torch_work)  # type: ignore[arg-type]
+        work = Work(self, op, torch_work)  # type: ignore[arg-type]  # self: the World this is mixed into
         # World._break sets _error before it takes the pending works: a work it missed sees
         # the error here and fails itself.
         self._pending.add(work)
@@ -280,7 +282,7 @@ class Collectives:
             assert self._waiters is not None
             self._waiters.submit(work)
         else:
-            self._driver.track(self, op, torch_work, work)  # type: ignore[arg-type]
+            self._driver.track(self, op, torch_work, work)  # type: ignore[arg-type]  # self: the World
         return work
 
     def _wait(self, op: str, torch_work: Any) -> None:
@@ -355,7 +357,9 @@ class Collectives:
         options = self._reduce_opts("reduce", ReduceOptions, op, root=dst)
         return self._run("reduce", ([tensor], options), async_op)
 
-    def all_gather(self, tensor_list: Sequence[torch.Tensor], tensor: torch.Tensor, async_op: bool = False) -> Work | None:
+    def all_gather(
+        self, tensor_list: Sequence[torch.Tensor], tensor: torch.Tensor, async_op: bool = False
+    ) -> Work | None:
         args = ([tensor_list], [tensor], self._cached(("all_gather",), AllgatherOptions))
         if "all_gather" not in self._driver.self_checked:
             _check_all_gather(self, args)
@@ -408,7 +412,7 @@ class Collectives:
         """Rank i sends input_tensor_list[j] to rank j, which receives it in output_tensor_list[i]."""
         outputs = self._check_list("output_tensor_list", output_tensor_list, None, "")
         inputs = self._check_list("input_tensor_list", input_tensor_list, None, "")
-        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+        for i, (out, inp) in enumerate(zip(outputs, inputs, strict=True)):
             if out.dtype != inp.dtype:
                 raise ValueError(
                     f"output_tensor_list[{i}] has dtype {out.dtype}, but input_tensor_list[{i}] has {inp.dtype}"

@@ -98,12 +98,12 @@ def _install_status_hooks() -> None:
         _record(130 if issubclass(kind, KeyboardInterrupt) else 1)
         previous_hook(kind, value, tb)
 
-    def exit(status: Any = None) -> None:  # noqa: A001 - stands in for sys.exit
+    def exit(status: Any = None) -> NoReturn:  # stands in for sys.exit
         _record(_exit_code(status))
         previous_exit(status)
 
     sys.excepthook = excepthook
-    sys.exit = exit  # type: ignore[assignment]
+    sys.exit = exit
 
 
 def end_process(status: int) -> NoReturn:

@@ -46,8 +46,14 @@ def init_from_env(
         # Torch loads before the spare says it waits: a spare is worth its head start.
         import multiworld.world  # noqa: F401
     channel = open_channel(env.table, env.pod)
-    manager = WorldManager(pod=env.pod, config=config, channel=channel, device=device,
-                           instance={a.name: a.epoch for a in env.worlds}, spare=bool(env.spare))
+    manager = WorldManager(
+        pod=env.pod,
+        config=config,
+        channel=channel,
+        device=device,
+        instance={a.name: a.epoch for a in env.worlds},
+        spare=bool(env.spare),
+    )
     if env.spare:
         log.info("pod %s waits for an identity (%s=%s)", env.pod, ENV_SPARE, env.spare)
         joins = manager._wait_for_identity()

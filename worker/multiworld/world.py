@@ -144,7 +144,10 @@ class World(Collectives):
             # A deliberate drop (not reported here) names this rank as the one that went.
             deliberate = not report
             verdict = Verdict(
-                reason=reason, peer_rank=self.rank if deliberate else peer_rank, by_rank=self.rank, deliberate=deliberate
+                reason=reason,
+                peer_rank=self.rank if deliberate else peer_rank,
+                by_rank=self.rank,
+                deliberate=deliberate,
             )
             self._heartbeat.publish(verdict)
         else:
@@ -212,7 +215,10 @@ def connect(
         detector.connect_link(a.host, members[0], timeout=max(deadline - time.monotonic(), 1.0))
     try:
         pg = driver.build(
-            PrefixStore(f"{a.store_prefix}pg/", store), a.rank, a.size, timedelta(seconds=config.op_timeout),
+            PrefixStore(f"{a.store_prefix}pg/", store),
+            a.rank,
+            a.size,
+            timedelta(seconds=config.op_timeout),
             f"{a.name}:{a.epoch}",
         )
     except BaseException:

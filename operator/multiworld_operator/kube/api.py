@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes import client
@@ -114,13 +114,15 @@ class KubeApi:
         return await self._read(self.networking.read_namespaced_network_policy, namespace, name)
 
     async def patch_network_policy(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        await self._call(self.networking.patch_namespaced_network_policy, name, namespace, patch,
-                         _content_type=MERGE_PATCH)
+        await self._call(
+            self.networking.patch_namespaced_network_policy, name, namespace, patch, _content_type=MERGE_PATCH
+        )
 
     async def delete_network_policy(self, namespace: str, name: str, uid: str) -> None:
         try:
-            await self._call(self.networking.delete_namespaced_network_policy, name, namespace,
-                             body={"preconditions": {"uid": uid}})
+            await self._call(
+                self.networking.delete_namespaced_network_policy, name, namespace, body={"preconditions": {"uid": uid}}
+            )
         except ApiException as error:
             if error.status not in (404, 409):
                 raise
@@ -128,8 +130,13 @@ class KubeApi:
     async def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any] | None:
         """Add these labels to the pod; the pod as patched, None when it is gone."""
         try:
-            patched: dict[str, Any] = await self._call(self.core.patch_namespaced_pod, name, namespace,
-                                                       {"metadata": {"labels": labels}}, _content_type=MERGE_PATCH)
+            patched: dict[str, Any] = await self._call(
+                self.core.patch_namespaced_pod,
+                name,
+                namespace,
+                {"metadata": {"labels": labels}},
+                _content_type=MERGE_PATCH,
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -168,8 +175,12 @@ class KubeApi:
         grace period would only hold the name its replacement needs. Returns the pod as it was
         deleted; None when it was gone already."""
         try:
-            deleted: dict[str, Any] = await self._call(self.core.delete_namespaced_pod, name, namespace,
-                                                       body={"preconditions": {"uid": uid}, "gracePeriodSeconds": 0})
+            deleted: dict[str, Any] = await self._call(
+                self.core.delete_namespaced_pod,
+                name,
+                namespace,
+                body={"preconditions": {"uid": uid}, "gracePeriodSeconds": 0},
+            )
         except ApiException as error:
             if error.status not in (404, 409):
                 raise
@@ -177,18 +188,31 @@ class KubeApi:
         return deleted
 
     async def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        await self._call(self.custom.patch_namespaced_custom_object_status, API_GROUP, API_VERSION, namespace,
-                         PLURAL, name, {"status": patch}, _content_type=MERGE_PATCH)
+        await self._call(
+            self.custom.patch_namespaced_custom_object_status,
+            API_GROUP,
+            API_VERSION,
+            namespace,
+            PLURAL,
+            name,
+            {"status": patch},
+            _content_type=MERGE_PATCH,
+        )
 
     async def post_event(self, multiworld: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = multiworld["metadata"]
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": event_name(meta["name"]), "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": GROUP_VERSION, "kind": KIND, "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "involvedObject": {
+                "apiVersion": GROUP_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
             "type": type_,
             "reason": reason,
             "message": message[:EVENT_MESSAGE_MAX],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from multiworld.contract import ENV_NAME, ENV_NAMESPACE, NAME_LABEL
@@ -129,7 +129,7 @@ def network_policy_body(multiworld: Mapping[str, Any], declared_ports: list[dict
     }
 
 
-def declared_ports(templates: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def declared_ports(templates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Every container port the templates declare, as NetworkPolicy ports (deduplicated)."""
     found: list[dict[str, Any]] = []
     for template in templates:
@@ -144,8 +144,12 @@ def declared_ports(templates: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _named_after(multiworld: Mapping[str, Any]) -> dict[str, Any]:
     """Metadata of an object named after its MultiWorld, labelled with it and owned by it."""
     meta = multiworld["metadata"]
-    return {"name": meta["name"], "namespace": meta["namespace"], "labels": {NAME_LABEL: meta["name"]},
-            "ownerReferences": [owner_reference(multiworld)]}
+    return {
+        "name": meta["name"],
+        "namespace": meta["namespace"],
+        "labels": {NAME_LABEL: meta["name"]},
+        "ownerReferences": [owner_reference(multiworld)],
+    }
 
 
 def service_body(multiworld: Mapping[str, Any]) -> dict[str, Any]:

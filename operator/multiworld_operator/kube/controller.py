@@ -17,7 +17,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from .api import KubeApi
-from .reconcile import MultiWorldGone, CreateRefused, Reconciler, api_message
+from .reconcile import CreateRefused, MultiWorldGone, Reconciler, api_message
 
 log = logging.getLogger(__name__)
 

@@ -69,12 +69,17 @@ async def multiworld_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> N
 
 
 @kopf.on.event("", "v1", "pods", labels={NAME_LABEL: kopf.PRESENT})
-async def pod_event(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+async def pod_event(
+    event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    assert namespace is not None  # pods are namespaced (kopf's None is for cluster-wide objects)
     memo.controller.pod_changed(namespace, labels[NAME_LABEL], event["type"] == "DELETED", event["object"])
 
 
 @kopf.on.event("", "v1", "services", labels={NAME_LABEL: kopf.PRESENT})
-async def service_event(event: kopf.RawEvent, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
-                        **_: Any) -> None:
+async def service_event(
+    event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    assert namespace is not None  # services are namespaced
     if event["type"] == "DELETED":
         memo.controller.service_deleted(namespace, labels[NAME_LABEL])

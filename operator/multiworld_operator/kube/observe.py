@@ -35,8 +35,13 @@ _REPORT = TypeAdapter(BrokenWorldReport)
 _REPORT_LIST = TypeAdapter(list[BrokenWorldReport])
 _STATUS = TypeAdapter(WorkerStatus)
 _CREATED_FOR = TypeAdapter(dict[str, int])
-_PHASES: dict[str, PodPhase] = {"Pending": "Pending", "Running": "Running", "Succeeded": "Succeeded",
-                                "Failed": "Failed", "Unknown": "Pending"}
+_PHASES: dict[str, PodPhase] = {
+    "Pending": "Pending",
+    "Running": "Running",
+    "Succeeded": "Succeeded",
+    "Failed": "Failed",
+    "Unknown": "Pending",
+}
 
 
 class _Lenient(BaseModel):
@@ -119,15 +124,24 @@ class PodState(_Lenient):
     @property
     def started(self) -> datetime | None:
         """When the last of its containers started running."""
-        times = [s.state.running.started_at for s in self.container_statuses
-                 if s.state.running is not None and s.state.running.started_at is not None]
+        times = [
+            s.state.running.started_at
+            for s in self.container_statuses
+            if s.state.running is not None and s.state.running.started_at is not None
+        ]
         return max(times) if times else None
 
     @property
     def termination_message(self) -> str:
         """What the first container that ended with a message said (its termination message)."""
-        return next((s.state.terminated.message.strip() for s in self.container_statuses
-                     if s.state.terminated is not None and s.state.terminated.message.strip()), "")
+        return next(
+            (
+                s.state.terminated.message.strip()
+                for s in self.container_statuses
+                if s.state.terminated is not None and s.state.terminated.message.strip()
+            ),
+            "",
+        )
 
 
 class KubePod(_Lenient):
@@ -184,8 +198,13 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
         joined=None if worker is None else dict(worker.joined),
         warm=worker is not None and worker.waiting,
     )
-    return SeenPod(name=meta.name, uid=meta.uid, reports=_reports(meta), plays=meta.labels.get(PLAYS_LABEL, ""),
-                   observation=observation)
+    return SeenPod(
+        name=meta.name,
+        uid=meta.uid,
+        reports=_reports(meta),
+        plays=meta.labels.get(PLAYS_LABEL, ""),
+        observation=observation,
+    )
 
 
 def observe_pods(pods: Iterable[SeenPod]) -> ObservedPods:

@@ -12,7 +12,7 @@ holds it.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .observe import SeenPod, see_pod
@@ -37,7 +37,7 @@ class PodCache:
     def pods(self) -> list[SeenPod]:
         return [pod for _, pod in self._pods.values()]
 
-    def listed(self, items: list[Mapping[str, Any]], version: str) -> None:
+    def listed(self, items: Sequence[Mapping[str, Any]], version: str) -> None:
         """Take a listing made at resourceVersion `version`; what the watch reported since wins."""
         at = _version(version)
         fresh: dict[str, tuple[int, SeenPod]] = {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.rest import ApiException
@@ -186,8 +186,12 @@ class Reconciler:
         elif self.view is not None and "table" in self.view:
             self.memory = dict(self.view)
         elif self.view is not None and self.view.get("worlds"):
-            log.warning("%s/%s: the operator's memory (ConfigMap %s) is gone: every world starts afresh",
-                        self.namespace, self.name, self.name)
+            log.warning(
+                "%s/%s: the operator's memory (ConfigMap %s) is gone: every world starts afresh",
+                self.namespace,
+                self.name,
+                self.name,
+            )
         self.remembered = MultiWorldStatus.from_dict(self.memory)
         for item in await self.api.list_configmaps(self.namespace, f"{selector(self.name)},{WORLD_LABEL}"):
             meta = ObjectMeta.model_validate(item["metadata"])
@@ -201,7 +205,7 @@ class Reconciler:
         return plan(
             multiworld,
             previous,
-            Observation(now=datetime.now(timezone.utc), pods=seen.pods, reports=seen.reports),
+            Observation(now=datetime.now(UTC), pods=seen.pods, reports=seen.reports),
             endpoint=lambda world, rank0: (rendezvous_host(self.name, rank0), ports[world]),
         )
 
@@ -262,8 +266,10 @@ class Reconciler:
         """Store the planner's memory; why it could not be, if it could not."""
         memory = status.to_dict()  # compared as dicts: far cheaper than comparing the models
         if memory != self.memory and not await self._write_configmap(memory_body(body, memory)):
-            return (f"ConfigMap {self.name} (the operator's memory of this MultiWorld) already exists and is "
-                    "not this MultiWorld's; it is left alone")
+            return (
+                f"ConfigMap {self.name} (the operator's memory of this MultiWorld) already exists and is "
+                "not this MultiWorld's; it is left alone"
+            )
         self.memory, self.remembered = memory, status
         return None
 
@@ -273,8 +279,10 @@ class Reconciler:
 
         async def write(entry: WorldEntry) -> str | None:
             if not await self._write_configmap(world_table_body(body, entry)):
-                return (f"ConfigMap {world_table_name(self.name, entry.name)} (world {entry.name}'s table entry) "
-                        "already exists and is not this MultiWorld's; it is left alone")
+                return (
+                    f"ConfigMap {world_table_name(self.name, entry.name)} (world {entry.name}'s table entry) "
+                    "already exists and is not this MultiWorld's; it is left alone"
+                )
             self.published[entry.name] = entry
             return None
 
@@ -340,8 +348,10 @@ class Reconciler:
         if meta.owned_by(self.uid):
             return None
         owner = meta.controller
-        return (f"{kind} {name} already exists and is not this MultiWorld's "
-                f"({f'owned by {owner.kind} {owner.name}' if owner else 'it has no owner'}); it is left alone")
+        return (
+            f"{kind} {name} already exists and is not this MultiWorld's "
+            f"({f'owned by {owner.kind} {owner.name}' if owner else 'it has no owner'}); it is left alone"
+        )
 
     async def _patch_status(self, patch: dict[str, Any], desired: dict[str, Any]) -> None:
         try:
@@ -354,7 +364,7 @@ class Reconciler:
 
     async def _refuse(self, body: Mapping[str, Any], problems: list[str]) -> None:
         generation = body["metadata"].get("generation")
-        patch = refusal_patch(self.view, generation, problems, datetime.now(timezone.utc))
+        patch = refusal_patch(self.view, generation, problems, datetime.now(UTC))
         if patch is None:
             return
         log.warning("%s/%s: %s", self.namespace, self.name, "; ".join(problems))
@@ -369,7 +379,7 @@ class Reconciler:
         else:
             reason, message = RECONCILE_ERROR, f"reconcile step failed: {type(error).__name__}: {error}"
         message = message[:EVENT_MESSAGE_MAX]
-        patch = error_patch(self.view, reason, message, datetime.now(timezone.utc))
+        patch = error_patch(self.view, reason, message, datetime.now(UTC))
         if patch is not None:  # a failed step may have stored the planner's status first
             await self._patch_status(patch, {**(self.view or {}), **patch})
         if reason == RECONCILE_ERROR and message != self.failing_with:
@@ -397,7 +407,7 @@ class Reconciler:
 def api_message(error: ApiException) -> str:
     """The API's own explanation (its Status message), else the HTTP reason."""
     try:
-        message = json.loads(error.body)["message"]
+        message = json.loads(error.body or "")["message"]  # no body: no message
     except (TypeError, ValueError, KeyError):
         message = error.reason
     return f"{error.status} {message}"

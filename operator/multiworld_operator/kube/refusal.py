@@ -26,8 +26,9 @@ RECONCILE_ERROR = "ReconcileError"
 CREATE_REFUSED = "CreateRefused"
 
 
-def refusal_patch(stored: Mapping[str, Any] | None, generation: int | None, problems: list[str],
-                  now: datetime) -> dict[str, Any] | None:
+def refusal_patch(
+    stored: Mapping[str, Any] | None, generation: int | None, problems: list[str], now: datetime
+) -> dict[str, Any] | None:
     """The status fields to set for an invalid spec (a merge patch that only sets), or None
     when `stored` already says so for this generation."""
     message = "invalid spec: " + "; ".join(problems)
@@ -35,13 +36,17 @@ def refusal_patch(stored: Mapping[str, Any] | None, generation: int | None, prob
     old = _condition(stored, SPEC_VALID)
     if old is not None and old.get("message") == message and stored.get("observedGeneration") == generation:
         return None
-    refusal = Condition(type=SPEC_VALID, status="False", reason=INVALID_SPEC, message=message,
-                        last_transition_time=now)
+    refusal = Condition(type=SPEC_VALID, status="False", reason=INVALID_SPEC, message=message, last_transition_time=now)
     previous = MultiWorldStatus.from_dict(stored)
     if previous is None:
         ready = refusal.model_copy(update={"type": "Ready"})
-        return {"phase": "Failed", "observedGeneration": generation, "worldsReady": "0/0", "restarts": 0,
-                "conditions": [_dump(ready), _dump(refusal)]}
+        return {
+            "phase": "Failed",
+            "observedGeneration": generation,
+            "worldsReady": "0/0",
+            "restarts": 0,
+            "conditions": [_dump(ready), _dump(refusal)],
+        }
     kept = [_dump(c) for c in previous.conditions if c.type != SPEC_VALID]
     return {"observedGeneration": generation, "conditions": [*kept, _dump(refusal)]}
 
@@ -53,8 +58,7 @@ def error_patch(stored: Mapping[str, Any] | None, reason: str, message: str, now
     old = _condition(stored, RECONCILED)
     if old is not None and old.get("message") == message:
         return None
-    error = Condition(type=RECONCILED, status="False", reason=reason, message=message,
-                      last_transition_time=now)
+    error = Condition(type=RECONCILED, status="False", reason=reason, message=message, last_transition_time=now)
     kept = [c for c in stored.get("conditions") or [] if c.get("type") != RECONCILED]
     return {"conditions": [*kept, _dump(error)]}
 

@@ -33,8 +33,11 @@ def world_table_body(multiworld: Mapping[str, Any], entry: WorldEntry) -> dict[s
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": world_table_name(name, entry.name), "labels": labels,
-                     "ownerReferences": [owner_reference(multiworld)]},
+        "metadata": {
+            "name": world_table_name(name, entry.name),
+            "labels": labels,
+            "ownerReferences": [owner_reference(multiworld)],
+        },
         "data": {TABLE_ENTRY_KEY: entry.model_dump_json()},
     }
 

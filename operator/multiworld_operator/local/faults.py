@@ -32,7 +32,7 @@ def planned_kills(targets: list[str], afters: list[float]) -> list[Kill]:
         raise ValueError(f"{len(targets)} --kill and {len(afters)} --after: give one --after SECONDS per --kill")
     if any(a < 0 for a in afters):
         raise ValueError("--after must be >= 0 seconds")
-    return [Kill(at, *parse_target(target)) for target, at in zip(targets, afters)]
+    return [Kill(at, *parse_target(target)) for target, at in zip(targets, afters, strict=True)]
 
 
 def _chaos(rate_per_minute: float, members: list[str], rng: random.Random) -> Iterator[Kill]:

@@ -37,9 +37,7 @@ def container_command(template: Mapping[str, Any], field: str) -> tuple[list[str
     container = containers[0]
     argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
     if not argv:
-        raise TemplateError(
-            f"{field}.spec.containers[0]: a command is required to run locally (the image is ignored)"
-        )
+        raise TemplateError(f"{field}.spec.containers[0]: a command is required to run locally (the image is ignored)")
     if Path(argv[0]).name.startswith("python"):
         argv[0] = sys.executable
     env: dict[str, str] = {}
@@ -89,7 +87,12 @@ class MemberProcess:
 
     @classmethod
     async def start(
-        cls, pod: str, argv: list[str], env: Mapping[str, str], workdir: Path, log_dir: Path,
+        cls,
+        pod: str,
+        argv: list[str],
+        env: Mapping[str, str],
+        workdir: Path,
+        log_dir: Path,
     ) -> MemberProcess:
         log_path = log_dir / f"{pod}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
@@ -97,8 +100,13 @@ class MemberProcess:
             out.write(f"--- start {shlex.join(argv)}\n".encode())
             out.flush()
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=workdir, env=full_env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                *argv,
+                cwd=workdir,
+                env=full_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
             )
         log.debug("started %s pid=%d", pod, proc.pid)
         return cls(pod, proc, log_path)
@@ -121,7 +129,7 @@ class MemberProcess:
             self.signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self.proc.wait(), grace)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         self.signal(signal.SIGKILL)
         await self.proc.wait()

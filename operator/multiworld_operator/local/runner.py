@@ -19,7 +19,7 @@ import socket
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -100,8 +100,10 @@ class LocalRunner:
         self.duration = duration
         self.rng = random.Random(seed)
         self.faults = FaultSchedule(kills, chaos_per_minute, [m.name for m in multiworld.spec.members], self.rng)
-        self.commands = {m.name: container_command(multiworld.template_of(m.name), _template_field(multiworld, m.name))
-                         for m in multiworld.spec.members}
+        self.commands = {
+            m.name: container_command(multiworld.template_of(m.name), _template_field(multiworld, m.name))
+            for m in multiworld.spec.members
+        }
         self.workdir = workdir or find_workdir(
             next(iter(self.commands.values()))[0], [Path.cwd(), manifest_dir, *manifest_dir.parents]
         )
@@ -134,11 +136,12 @@ class LocalRunner:
             if warning:
                 self.view.event(f"warning: {warning}")
         # Processes in an NCCL world, in pod order: each gets its GPU from its place there.
-        gpu_pods = [p for p in multiworld.all_pods()
-                    if any(self.backends[w] == "nccl" for w in multiworld.worlds_of_pod(p))]
+        gpu_pods = [
+            p for p in multiworld.all_pods() if any(self.backends[w] == "nccl" for w in multiworld.worlds_of_pod(p))
+        ]
         self.gpu_envs = {p: gpu_env(p, i, len(gpu_pods), self.gpus) for i, p in enumerate(gpu_pods)}
         worlds = [w.name for w in multiworld.spec.worlds]
-        self.ports = dict(zip(worlds, free_store_ports(len(worlds))))
+        self.ports = dict(zip(worlds, free_store_ports(len(worlds)), strict=True))
         self.server = ChannelServer(on_report=self._on_report, on_status=self._on_status)
         self.table_url = ""
 
@@ -164,11 +167,19 @@ class LocalRunner:
             member, ordinal = self.members[name]
             code = proc.returncode
             phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
-            pods.append(PodObservation(name=name, member=member, ordinal=ordinal or 0, phase=phase,
-                                       created_for=self.created_for[name], joined=self.joined.get(name, {}),
-                                       warm=name in self.warm))
+            pods.append(
+                PodObservation(
+                    name=name,
+                    member=member,
+                    ordinal=ordinal or 0,
+                    phase=phase,
+                    created_for=self.created_for[name],
+                    joined=self.joined.get(name, {}),
+                    warm=name in self.warm,
+                )
+            )
         reports, self.reports = self.reports, []
-        return Observation(now=datetime.now(timezone.utc), pods=pods, reports=reports)
+        return Observation(now=datetime.now(UTC), pods=pods, reports=reports)
 
     # --- outputs ------------------------------------------------------------------------
     async def _execute(self, actions: list) -> None:
@@ -242,15 +253,17 @@ class LocalRunner:
         rows = []
         for world in self.mw.spec.worlds:
             ws = self.status.worlds.get(world.name) if self.status else None
-            rows.append(WorldRow(
-                name=world.name,
-                phase=ws.phase if ws else "Pending",
-                epoch=ws.epoch if ws else 1,
-                ready=ws.ready_ranks if ws else 0,
-                size=len(self.mw.world_pods(world.name)),
-                restarts=ws.restarts if ws else 0,
-                errors=self._errors_of(world.name),
-            ))
+            rows.append(
+                WorldRow(
+                    name=world.name,
+                    phase=ws.phase if ws else "Pending",
+                    epoch=ws.epoch if ws else 1,
+                    ready=ws.ready_ranks if ws else 0,
+                    size=len(self.mw.world_pods(world.name)),
+                    restarts=ws.restarts if ws else 0,
+                    errors=self._errors_of(world.name),
+                )
+            )
         return rows
 
     def _errors_of(self, world: str) -> int:
@@ -262,8 +275,11 @@ class LocalRunner:
             return False
         if all(ws.phase in ("Failed", "Succeeded") for ws in self.status.worlds.values()):
             return True
-        return bool(self.procs) and all(p.returncode is not None for p in self.procs.values()) and all(
-            self.procs[p].returncode == 0 for p in self.procs)
+        return (
+            bool(self.procs)
+            and all(p.returncode is not None for p in self.procs.values())
+            and all(self.procs[p].returncode == 0 for p in self.procs)
+        )
 
     async def run(self) -> RunSummary:
         self.table_url = await self.server.start()
@@ -283,8 +299,9 @@ class LocalRunner:
                 for kill in self.faults.due(fault_clock):
                     self._inject(kill)
                 self.changed.clear()
-                result = plan(self.mw, self.status, self._observe(), endpoint=endpoint,
-                              backend_of=self.backends.__getitem__)
+                result = plan(
+                    self.mw, self.status, self._observe(), endpoint=endpoint, backend_of=self.backends.__getitem__
+                )
                 await self._execute(result.actions)
                 self.status = result.status
                 now = time.monotonic()
@@ -294,8 +311,11 @@ class LocalRunner:
                 if self._finished():
                     break
                 next_fault = self.faults.next_at()
-                timeout = min(IDLE_TICK_S, result.requeue_after or IDLE_TICK_S,
-                              IDLE_TICK_S if next_fault is None or fault_clock < 0 else next_fault - fault_clock)
+                timeout = min(
+                    IDLE_TICK_S,
+                    result.requeue_after or IDLE_TICK_S,
+                    IDLE_TICK_S if next_fault is None or fault_clock < 0 else next_fault - fault_clock,
+                )
                 if self.duration is not None:
                     timeout = min(timeout, self.duration - elapsed)
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -324,8 +344,8 @@ class LocalRunner:
         for world in self.mw.spec.worlds:
             ws = self.status.worlds.get(world.name) if self.status else None
             worlds[world.name] = self.trackers[world.name].summary(
-                phase=ws.phase if ws else "Pending", epoch=ws.epoch if ws else 1,
-                errors=self._errors_of(world.name))
+                phase=ws.phase if ws else "Pending", epoch=ws.epoch if ws else 1, errors=self._errors_of(world.name)
+            )
         return RunSummary(worlds=worlds, orphans=orphans)
 
 
@@ -375,9 +395,17 @@ def run_from_args(args: argparse.Namespace) -> int:
             if kill.ordinal is not None and kill.ordinal >= len(pods):
                 raise ValueError(f"--kill {kill.member}:{kill.ordinal}: member {kill.member!r} has {len(pods)} pod(s)")
         view = LiveView(f"multiworld run {mw.name}", live=False if args.no_view else None)
-        runner = LocalRunner(mw, manifest_dir=args.file.resolve().parent, kills=kills, chaos_per_minute=args.chaos,
-                             duration=args.duration, seed=args.seed, log_dir=args.log_dir, workdir=args.workdir,
-                             view=view)
+        runner = LocalRunner(
+            mw,
+            manifest_dir=args.file.resolve().parent,
+            kills=kills,
+            chaos_per_minute=args.chaos,
+            duration=args.duration,
+            seed=args.seed,
+            log_dir=args.log_dir,
+            workdir=args.workdir,
+            view=view,
+        )
     except SpecError as exc:
         return _fail(f"{args.file} is not a valid MultiWorld:\n" + "\n".join(f"  {p}" for p in exc.problems))
     except (ValueError, TemplateError, ValidationError) as exc:

@@ -25,8 +25,10 @@ class RunSummary(BaseModel):
         lines = ["", "summary:"]
         for name, w in self.worlds.items():
             times = ", ".join(f"{s:.2f}s" for s in w.recovery_seconds) or "-"
-            lines.append(f"  {name}: {w.phase} at epoch {w.epoch}; failures {w.failures}, "
-                         f"recoveries {w.recoveries} ({times}), errors {w.errors}")
+            lines.append(
+                f"  {name}: {w.phase} at epoch {w.epoch}; failures {w.failures}, "
+                f"recoveries {w.recoveries} ({times}), errors {w.errors}"
+            )
         lines.append(f"  orphan processes: {self.orphans}")
         return "\n".join(lines) + "\n"
 
@@ -64,6 +66,11 @@ class WorldTracker:
             self._failed_at = None
 
     def summary(self, phase: str, epoch: int, errors: int) -> WorldSummary:
-        return WorldSummary(phase=phase, epoch=epoch, failures=self.failures,
-                            recoveries=len(self.recovery_seconds), recovery_seconds=self.recovery_seconds,
-                            errors=errors)
+        return WorldSummary(
+            phase=phase,
+            epoch=epoch,
+            failures=self.failures,
+            recoveries=len(self.recovery_seconds),
+            recovery_seconds=self.recovery_seconds,
+            errors=errors,
+        )

@@ -23,8 +23,14 @@ class WorldRow:
     errors: int
 
     def cells(self) -> list[str]:
-        return [self.name, self.phase, str(self.epoch), f"{self.ready}/{self.size}",
-                str(self.restarts), str(self.errors)]
+        return [
+            self.name,
+            self.phase,
+            str(self.epoch),
+            f"{self.ready}/{self.size}",
+            str(self.restarts),
+            str(self.errors),
+        ]
 
 
 HEADER = ["WORLD", "PHASE", "EPOCH", "RANKS UP", "RESTARTS", "ERRORS"]
@@ -33,7 +39,7 @@ HEADER = ["WORLD", "PHASE", "EPOCH", "RANKS UP", "RESTARTS", "ERRORS"]
 def format_table(rows: list[WorldRow]) -> list[str]:
     table = [HEADER] + [r.cells() for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in table]
 
 
 class LiveView:

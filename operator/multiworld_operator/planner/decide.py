@@ -72,8 +72,14 @@ def plan(
 ) -> Plan:
     """Decide the next step. `status` is the one the previous plan returned (None at first);
     `backend_of(world)` defaults to the cluster rule `multiworld.backend_of`."""
-    return _Planning(multiworld, status or MultiWorldStatus(), observation, endpoint,
-                     backend_of or multiworld.backend_of, first=status is None).run()
+    return _Planning(
+        multiworld,
+        status or MultiWorldStatus(),
+        observation,
+        endpoint,
+        backend_of or multiworld.backend_of,
+        first=status is None,
+    ).run()
 
 
 def _took_part(record: PodRecord, seen: PodObservation | None, world: str, epoch: int) -> bool:
@@ -103,9 +109,7 @@ class _Planning:
         self.first = first
         self.pods = multiworld.all_pods()
         self.pod_worlds = {pod: multiworld.worlds_of_pod(pod) for pod in self.pods}
-        self.observed: dict[str, PodObservation] = {
-            p.name: p for p in observation.pods if p.phase != "Missing"
-        }
+        self.observed: dict[str, PodObservation] = {p.name: p for p in observation.pods if p.phase != "Missing"}
         # Shallow copies: the planner assigns fields of its worlds and records, and never changes
         # a list or dict it holds in place, so the previous status stays as it was.
         self.records = {n: r.model_copy() for n, r in previous.pods.items() if n in self.pod_worlds}
@@ -164,8 +168,12 @@ class _Planning:
                     current.recent_restarts, current.restart_at = [], None
                 if current.restart_at is None:
                     current.phase = "Pending"
-                self._event("Normal", "WorldChanged", world.name,
-                            f"world {world.name} changed ({len(pods)} ranks, {backend}); now at epoch {current.epoch}")
+                self._event(
+                    "Normal",
+                    "WorldChanged",
+                    world.name,
+                    f"world {world.name} changed ({len(pods)} ranks, {backend}); now at epoch {current.epoch}",
+                )
             self.worlds[world.name] = current
         for name in self.previous.worlds:
             if name not in self.worlds:
@@ -178,10 +186,11 @@ class _Planning:
             if record is None:
                 continue
             seen = self.observed.get(record.spare or pod)
-            ours = self._current(pod) is not None
+            current = self._current(pod)  # `seen`, when it is the instance the record asked for
+            ours = current is not None
             if not ours and not record.observed:
                 continue  # asked for, not created yet (an older instance may linger)
-            if ours and seen.phase != "Failed":  # type: ignore[union-attr]
+            if current is not None and current.phase != "Failed":
                 record.observed = True
                 continue
             # Ours failed, or ours was seen and is now gone (or replaced by a foreign instance).
@@ -190,13 +199,21 @@ class _Planning:
             instance = record.spare or pod
             for world in self.pod_worlds[pod]:
                 state = self.worlds[world]
-                if state.up and world not in failures and _took_part(record, seen if ours else None, world, state.epoch):
+                if (
+                    state.up
+                    and world not in failures
+                    and _took_part(record, seen if ours else None, world, state.epoch)
+                ):
                     rank = state.pods.index(pod)
                     playing = f"playing {pod}, " if record.spare else ""
                     failures[world] = Failure(
-                        time=self.now, reason=reason, pod=instance, rank=rank, epoch=state.epoch,
+                        time=self.now,
+                        reason=reason,
+                        pod=instance,
+                        rank=rank,
+                        epoch=state.epoch,
                         message=f"pod {instance} ({playing}rank {rank}) {'failed' if ours else 'was deleted'}"
-                                + (f": {seen.message}" if ours and seen is not None and seen.message else ""),
+                        + (f": {seen.message}" if ours and seen is not None and seen.message else ""),
                     )
         for report in self.reports:
             reported = self.worlds.get(report.world)
@@ -222,8 +239,9 @@ class _Planning:
         else:
             pod, plays = report.pod, report.plays or report.pod
             rank = state.pods.index(plays) if plays in state.pods else -1
-        return Failure(time=self.now, reason="WorldBroken", pod=pod, rank=rank, epoch=state.epoch,
-                       message=f"{report.reason}{by}")
+        return Failure(
+            time=self.now, reason="WorldBroken", pod=pod, rank=rank, epoch=state.epoch, message=f"{report.reason}{by}"
+        )
 
     def _fail(self, world: str, failure: Failure) -> None:
         state = self.worlds[world]
@@ -234,8 +252,12 @@ class _Planning:
         cause = f"world {world} epoch {failure.epoch} failed: {failure.message}"
         if len(recent) >= policy.max_restarts:
             state.phase, state.restart_at = "Failed", None
-            self._event("Warning", "WorldExhausted", world,
-                        f"{cause}; giving up after {len(recent)} restart(s) within {policy.window}")
+            self._event(
+                "Warning",
+                "WorldExhausted",
+                world,
+                f"{cause}; giving up after {len(recent)} restart(s) within {policy.window}",
+            )
             return
         delay = policy.backoff.delay(len(recent))
         state.epoch += 1
@@ -244,16 +266,21 @@ class _Planning:
         state.phase = "Recovering"
         state.restart_at = self.now + timedelta(seconds=delay) if delay > 0 else None
         when = f" in {delay:g}s" if delay > 0 else ""
-        self._event("Warning", "WorldFailed", world,
-                    f"{cause}; restarting at epoch {state.epoch}{when} "
-                    f"(restart {len(state.recent_restarts)}/{policy.max_restarts} within {policy.window})")
+        self._event(
+            "Warning",
+            "WorldFailed",
+            world,
+            f"{cause}; restarting at epoch {state.epoch}{when} "
+            f"(restart {len(state.recent_restarts)}/{policy.max_restarts} within {policy.window})",
+        )
 
     def _end_backoffs(self) -> None:
         for name, state in self.worlds.items():
             if state.restart_at is not None and self.now >= state.restart_at:
                 state.restart_at = None
-                self._event("Normal", "WorldRestarting", name,
-                            f"world {name} backoff over; restarting at epoch {state.epoch}")
+                self._event(
+                    "Normal", "WorldRestarting", name, f"world {name} backoff over; restarting at epoch {state.epoch}"
+                )
 
     def _replace_orphans(self, failures: dict[str, Failure]) -> None:
         """Live pods of the worlds that just failed are replaced when all their worlds have
@@ -272,10 +299,18 @@ class _Planning:
             if state.up:
                 pods = [self._playing(pod) for pod in state.pods]
                 host, port = self.endpoint(name, pods[0])
-                entries.append(WorldEntry(name=name, epoch=state.epoch, backend=state.backend,
-                                          host=host, port=port, pods=pods,
-                                          instances=self._instances(name, state.pods),
-                                          plays={p: pod for p, pod in zip(pods, state.pods) if p != pod}))
+                entries.append(
+                    WorldEntry(
+                        name=name,
+                        epoch=state.epoch,
+                        backend=state.backend,
+                        host=host,
+                        port=port,
+                        pods=pods,
+                        instances=self._instances(name, state.pods),
+                        plays={p: pod for p, pod in zip(pods, state.pods, strict=True) if p != pod},
+                    )
+                )
         revision = self.previous.table.revision
         if entries != self.previous.table.worlds:
             revision += 1
@@ -310,10 +345,16 @@ class _Planning:
                 self.records[pod] = record
             if record is not None and not record.observed:
                 member, ordinal = self.mw.member_of_pod(pod)
-                self.creates.append(CreatePod(
-                    pod=pod, member=member, ordinal=ordinal, created_for=record.created_for,
-                    worlds=list(table.assignments_for(pod).values()), template=self.mw.template_of(member),
-                ))
+                self.creates.append(
+                    CreatePod(
+                        pod=pod,
+                        member=member,
+                        ordinal=ordinal,
+                        created_for=record.created_for,
+                        worlds=list(table.assignments_for(pod).values()),
+                        template=self.mw.template_of(member),
+                    )
+                )
         playing = {r.spare: pod for pod, r in self.records.items() if r.spare}
         for name in sorted(set(self.observed) - set(self.pod_worlds) - set(self.pool) - set(playing)):
             self.deletes.append(DeletePod(pod=name, reason=self._stray_reason(name)))
@@ -323,8 +364,9 @@ class _Planning:
         played = next((pod for pod, r in self.previous.pods.items() if r.spare == name), None)
         if played is None:
             return "not part of the spec"
-        return f"a warm spare that played {played}: " + ("failed" if self.observed[name].phase == "Failed"
-                                                         else "no longer needed")
+        return f"a warm spare that played {played}: " + (
+            "failed" if self.observed[name].phase == "Failed" else "no longer needed"
+        )
 
     def _delete_reason(self, seen: PodObservation, record: PodRecord | None) -> str:
         if record is not None and record.spare:
@@ -376,8 +418,12 @@ class _Planning:
             if state.ready_ranks == state.size and state.phase != "Running":
                 recovered = state.phase == "Recovering"
                 how = "back" if recovered else "ready"
-                self._event("Normal", "WorldRecovered" if recovered else "WorldReady", name,
-                            f"world {name} {how} with all {state.size} ranks at epoch {state.epoch}")
+                self._event(
+                    "Normal",
+                    "WorldRecovered" if recovered else "WorldReady",
+                    name,
+                    f"world {name} {how} with all {state.size} ranks at epoch {state.epoch}",
+                )
                 state.phase = "Running"
 
     def _note_waiting(self, name: str, state: WorldStatus) -> None:
@@ -391,13 +437,21 @@ class _Planning:
             elif seen.phase == "Pending":
                 waiting[pod] = seen.waiting or "Pending"
         before = self.previous.worlds.get(name)
-        told = before is not None and before.epoch == state.epoch and any(
-            _worth_telling(r) for r in before.waiting.values())
+        told = (
+            before is not None
+            and before.epoch == state.epoch
+            and any(_worth_telling(r) for r in before.waiting.values())
+        )
         state.waiting = waiting
         stuck = {pod: reason for pod, reason in waiting.items() if _worth_telling(reason)}
         if stuck and not told:
-            self._event("Warning", "WorldWaiting", name, f"world {name} epoch {state.epoch} waits for "
-                        + "; ".join(f"pod {pod}: {reason}" for pod, reason in stuck.items()))
+            self._event(
+                "Warning",
+                "WorldWaiting",
+                name,
+                f"world {name} epoch {state.epoch} waits for "
+                + "; ".join(f"pod {pod}: {reason}" for pod, reason in stuck.items()),
+            )
 
     # -- warm spares -------------------------------------------------------------------------
 
@@ -406,8 +460,13 @@ class _Planning:
 
     def _ready_spare(self, name: str, spare: SpareRecord, member: str) -> bool:
         seen = self.observed.get(name)
-        return (spare.member == member and spare.template == self.mw.template_digest(member)
-                and seen is not None and seen.phase == "Running" and seen.warm)
+        return (
+            spare.member == member
+            and spare.template == self.mw.template_digest(member)
+            and seen is not None
+            and seen.phase == "Running"
+            and seen.warm
+        )
 
     def _assign_spares(self) -> None:
         """A member pod that needs a new instance is played by its member's oldest ready spare."""
@@ -418,14 +477,16 @@ class _Planning:
             member, ordinal = self.mw.member_of_pod(pod)
             if not self.mw.member(member).spares:
                 continue
-            ready = sorted((spare.serial, name) for name, spare in self.pool.items()
-                           if self._ready_spare(name, spare, member))
+            ready = sorted(
+                (spare.serial, name) for name, spare in self.pool.items() if self._ready_spare(name, spare, member)
+            )
             if not ready:
                 continue
             spare = ready[0][1]
             del self.pool[spare]
-            self.records[pod] = PodRecord(created_for={w: self.worlds[w].epoch for w in worlds}, observed=True,
-                                          spare=spare)
+            self.records[pod] = PodRecord(
+                created_for={w: self.worlds[w].epoch for w in worlds}, observed=True, spare=spare
+            )
             self.assigns.append(AssignSpare(pod=spare, plays=pod, member=member, ordinal=ordinal))
             self._event("Normal", "SpareAssigned", None, f"warm spare {spare} plays {pod} (worlds {', '.join(worlds)})")
 
@@ -463,13 +524,14 @@ class _Planning:
         missing = {member: count - len(kept[member]) for member, count in wanted.items() if count > len(kept[member])}
         if not missing or self._member_pods_starting():
             return
-        for member, count in missing.items():
+        for member_name, count in missing.items():
             for _ in range(count):
-                name = spare_name(self.mw.name, member, self.spare_serial)
-                self.pool[name] = SpareRecord(member=member, template=self.mw.template_digest(member),
-                                              serial=self.spare_serial)
+                name = spare_name(self.mw.name, member_name, self.spare_serial)
+                self.pool[name] = SpareRecord(
+                    member=member_name, template=self.mw.template_digest(member_name), serial=self.spare_serial
+                )
                 self.spare_serial += 1
-                self.creates.append(self._create_spare(name, member))
+                self.creates.append(self._create_spare(name, member_name))
 
     def _spares_wanted(self, member: str) -> int:
         """The member's `spares` while one of its worlds may still need a pod (is not Failed or
@@ -478,8 +540,15 @@ class _Planning:
         return self.mw.member(member).spares if any(self.worlds[w].phase in UP_PHASES for w in worlds) else 0
 
     def _create_spare(self, name: str, member: str) -> CreatePod:
-        return CreatePod(pod=name, member=member, ordinal=None, created_for={}, worlds=[],
-                         template=self.mw.template_of(member), spare=True)
+        return CreatePod(
+            pod=name,
+            member=member,
+            ordinal=None,
+            created_for={},
+            worlds=[],
+            template=self.mw.template_of(member),
+            spare=True,
+        )
 
     def _member_pods_starting(self) -> bool:
         """Whether a member pod of a world that is up has not joined it yet (a local process
@@ -499,12 +568,18 @@ class _Planning:
         phase = _overall_phase(phases)
         degraded = [n for n, s in self.worlds.items() if s.phase in ("Failed", "Recovering")]
         conditions = [
-            self._condition("Ready", phase == "Running",
-                            "AllWorldsRunning" if phase == "Running" else f"Phase{phase}",
-                            f"{running}/{len(phases)} worlds running"),
-            self._condition("Degraded", bool(degraded),
-                            "WorldsUnhealthy" if degraded else "AllWorldsHealthy",
-                            ("not healthy: " + ", ".join(degraded)) if degraded else "no failed or recovering world"),
+            self._condition(
+                "Ready",
+                phase == "Running",
+                "AllWorldsRunning" if phase == "Running" else f"Phase{phase}",
+                f"{running}/{len(phases)} worlds running",
+            ),
+            self._condition(
+                "Degraded",
+                bool(degraded),
+                "WorldsUnhealthy" if degraded else "AllWorldsHealthy",
+                ("not healthy: " + ", ".join(degraded)) if degraded else "no failed or recovering world",
+            ),
         ]
         generation = self.mw.metadata.generation
         return MultiWorldStatus(
@@ -517,8 +592,11 @@ class _Planning:
             table=table,
             pods=self.records,
             played_by={pod: r.spare for pod, r in self.records.items() if r.spare},
-            spares={m.name: f"{self._ready_spares(m.name)}/{self._spares_wanted(m.name)}"
-                    for m in self.mw.spec.members if m.spares},
+            spares={
+                m.name: f"{self._ready_spares(m.name)}/{self._spares_wanted(m.name)}"
+                for m in self.mw.spec.members
+                if m.spares
+            },
             spare_pool=self.pool,
             spare_serial=self.spare_serial,
         )

@@ -124,7 +124,8 @@ class MultiWorldStatus(StatusView):
     """The planner's memory: the view, every world's formation and restart history, the live
     world table, and a record per pod instance the planner asked for."""
 
-    worlds: dict[str, WorldStatus] = Field(default_factory=dict)
+    # A WorldStatus is a WorldView: pydantic narrows the field (mypy sees dict's invariance).
+    worlds: dict[str, WorldStatus] = Field(default_factory=dict)  # type: ignore[assignment]
     table: WorldTable = Field(default_factory=WorldTable)
     pods: dict[str, PodRecord] = Field(default_factory=dict)
     # Warm spares that play no member pod yet, by pod name; the serial of the next one.
@@ -168,8 +169,20 @@ def played_by(records: Mapping[str, PodRecord], pod: str) -> str:
     return record.spare if record is not None and record.spare else pod
 
 
-_NOT_VIEWED: Any = {"table": True, "pods": True, "spare_pool": True, "spare_serial": True,
-                    "worlds": {"__all__": set(WorldStatus.model_fields) - set(WorldView.model_fields)}}
+def _history_fields() -> set[str]:
+    """The fields of a world that only the planner's memory holds (formation and restart history)."""
+    # A function, not an expression at the top level: mypy can defer a function body until it
+    # knows pydantic's `model_fields`, and in some orders of its analysis it does not know it there.
+    return set(WorldStatus.model_fields) - set(WorldView.model_fields)
+
+
+_NOT_VIEWED: Any = {
+    "table": True,
+    "pods": True,
+    "spare_pool": True,
+    "spare_serial": True,
+    "worlds": {"__all__": _history_fields()},
+}
 
 
 def merge_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,21 +15,22 @@ SCHEMES = {
 
 
 def open_channel(url: str, pod: str) -> Channel:
-    """"" -> none (static env), "local://HOST:PORT" -> the local runner,
+    """ "" -> none (static env), "local://HOST:PORT" -> the local runner,
     "kubernetes://NAMESPACE/NAME" -> the MultiWorld resource."""
     if not url.strip():
         module = importlib.import_module("multiworld.channels.none")
-        return module.from_url(url, pod)  # type: ignore[no-any-return]
-    scheme, sep, _ = url.partition("://")
-    if not sep:
-        raise ValueError(f"{ENV_TABLE}={url!r} is not a channel URL ({_choices()})")
-    if scheme not in SCHEMES:
-        raise ValueError(f"{ENV_TABLE}={url!r} has an unknown scheme {scheme!r} ({_choices()})")
-    try:
-        module = importlib.import_module(SCHEMES[scheme])
-    except ImportError as exc:
-        raise ImportError(f"the {scheme}:// channel cannot be loaded: {exc}") from exc
-    return module.from_url(url, pod)  # type: ignore[no-any-return]
+    else:
+        scheme, sep, _ = url.partition("://")
+        if not sep:
+            raise ValueError(f"{ENV_TABLE}={url!r} is not a channel URL ({_choices()})")
+        if scheme not in SCHEMES:
+            raise ValueError(f"{ENV_TABLE}={url!r} has an unknown scheme {scheme!r} ({_choices()})")
+        try:
+            module = importlib.import_module(SCHEMES[scheme])
+        except ImportError as exc:
+            raise ImportError(f"the {scheme}:// channel cannot be loaded: {exc}") from exc
+    channel: Channel = module.from_url(url, pod)  # each channel module's from_url returns one
+    return channel
 
 
 def _choices() -> str:

@@ -21,9 +21,10 @@ import os
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import urllib3
 from kubernetes import client, config
@@ -157,9 +158,12 @@ class KubernetesChannel:
         backoff = _Backoff()
         while not self._closed.is_set():
             try:
-                response = self.core.list_namespaced_config_map(
-                    self.namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S,
-                    _preload_content=False)
+                response = _raw(
+                    self.core.list_namespaced_config_map,
+                    self.namespace,
+                    label_selector=selector,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
                 self.bytes_received += len(response.data)
                 listing = json.loads(response.data)
                 follower.listed(listing.get("items") or [])
@@ -167,20 +171,33 @@ class KubernetesChannel:
             except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
                 if self._closed.is_set():
                     return
-                _exit_if_refused(error, f"get, list and watch configmaps (its worlds' table entries in {self.namespace})")
+                _exit_if_refused(
+                    error, f"get, list and watch configmaps (its worlds' table entries in {self.namespace})"
+                )
                 delay = backoff.next()
-                log.warning("watching the world table of %s/%s failed (%s); again in %gs",
-                            self.namespace, self.name, _describe(error), delay)
+                log.warning(
+                    "watching the world table of %s/%s failed (%s); again in %gs",
+                    self.namespace,
+                    self.name,
+                    _describe(error),
+                    delay,
+                )
                 self._closed.wait(delay)
 
     def _follow(self, follower: _TableFollower, selector: str, resource_version: str, backoff: _Backoff) -> None:
         """Watch from `resource_version` until the server ends the watch or the version is too
         old (then the caller lists afresh)."""
         while not self._closed.is_set():
-            response = self.core.list_namespaced_config_map(
-                self.namespace, label_selector=selector, watch=True, resource_version=resource_version,
-                allow_watch_bookmarks=True, timeout_seconds=WATCH_TIMEOUT_S, _preload_content=False,
-                _request_timeout=(REQUEST_TIMEOUT_S, WATCH_READ_TIMEOUT_S))
+            response = _raw(
+                self.core.list_namespaced_config_map,
+                self.namespace,
+                label_selector=selector,
+                watch=True,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_TIMEOUT_S,
+                _request_timeout=(REQUEST_TIMEOUT_S, WATCH_READ_TIMEOUT_S),
+            )
             with self._lock:
                 self._response = response
             if self._closed.is_set():
@@ -228,8 +245,9 @@ class KubernetesChannel:
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
                 if self._requeue(error, reports, status):
                     delay = backoff.next()
-                    log.warning("pod %s: sending to the operator failed (%s); again in %gs",
-                                self.pod, _describe(error), delay)
+                    log.warning(
+                        "pod %s: sending to the operator failed (%s); again in %gs", self.pod, _describe(error), delay
+                    )
                     if self._closed.wait(delay):
                         return
 
@@ -246,9 +264,14 @@ class KubernetesChannel:
 
     def _send(self, annotations: dict[str, str], reports: list[BrokenWorldReport]) -> None:
         # Raw JSON: the pod's uid is all we read back, and no model parses a whole pod status.
-        response = self.core.patch_namespaced_pod(
-            self.pod, self.namespace, {"metadata": {"annotations": annotations}},
-            _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_S, _preload_content=False)
+        response = _raw(
+            self.core.patch_namespaced_pod,
+            self.pod,
+            self.namespace,
+            {"metadata": {"annotations": annotations}},
+            _content_type=MERGE_PATCH,
+            _request_timeout=REQUEST_TIMEOUT_S,
+        )
         self._pod_uid = json.loads(response.data)["metadata"]["uid"]
         for report in reports:
             self._post_event(report)
@@ -271,11 +294,16 @@ class KubernetesChannel:
         # The Event is on the spare's own Pod; the member it plays is what a reader looks for.
         playing = f" (pod {self.pod}, playing {report.plays})" if report.plays else ""
         message = f"world {report.world} epoch {report.epoch} broken{peer}{playing}: {report.reason}"
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body: dict[str, Any] = {
             "metadata": {"name": event_name(self.pod), "namespace": self.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": self.pod,
-                               "namespace": self.namespace, "uid": self._pod_uid},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": self.pod,
+                "namespace": self.namespace,
+                "uid": self._pod_uid,
+            },
             "type": "Warning",
             "reason": "WorldBroken",
             "message": message[:EVENT_MESSAGE_MAX],
@@ -285,11 +313,17 @@ class KubernetesChannel:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S,
-                                              _preload_content=False)
+            _raw(self.core.create_namespaced_event, self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
             _exit_if_refused(error, "create events")
             log.warning("pod %s: event for world %s not posted (%s)", self.pod, report.world, _describe(error))
+
+
+def _raw(method: Callable[..., object], *args: Any, **kwargs: Any) -> urllib3.BaseHTTPResponse:
+    """A client call whose response is read as raw JSON (`_preload_content=False`): what comes
+    back is urllib3's response, not the model the client's annotations name; bodies are plain
+    dicts, which the client sends as they are."""
+    return cast(urllib3.BaseHTTPResponse, method(*args, _preload_content=False, **kwargs))
 
 
 def _exit_if_refused(error: BaseException, permission: str) -> None:
@@ -363,8 +397,9 @@ def _entry(obj: dict[str, Any]) -> WorldEntry | None:
     try:
         return table_entry(obj)
     except ValidationError as error:
-        log.warning("ignoring an unreadable world table entry (ConfigMap %s): %s",
-                    obj.get("metadata", {}).get("name"), error)
+        log.warning(
+            "ignoring an unreadable world table entry (ConfigMap %s): %s", obj.get("metadata", {}).get("name"), error
+        )
         return None
 
 
