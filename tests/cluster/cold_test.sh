@@ -67,6 +67,10 @@ restore() {
   exit "$status"
 }
 trap restore EXIT
+# A signal ends the script through its EXIT trap too (bash skips that trap for an untrapped signal).
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP
 
 removable() {  # what `apt-get autoremove` would remove now
   apt-get -s autoremove 2>/dev/null | awk '$1 == "Remv" {print $2}' | sort
