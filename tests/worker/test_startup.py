@@ -49,6 +49,25 @@ def test_import_multiworld_loads_neither_torch_nor_kubernetes() -> None:
     assert imported_after("from multiworld import World") == {"torch"}
 
 
+def test_importing_the_library_changes_nothing_in_the_process() -> None:
+    """What the operator and the planner import (the contract) loads no runtime module, and no
+    import replaces sys.exit or sys.excepthook or registers an exit handler: the first
+    WorldManager does."""
+    probe = (
+        "import atexit, logging, sys\n"  # logging registers an exit handler of its own
+        "hooks = (sys.exit, sys.excepthook, atexit._ncallbacks())\n"
+        "import multiworld.contract\n"
+        "runtime = sorted(m for m in sys.modules if m.startswith('multiworld.') and m not in {light})\n"
+        "import multiworld\n"
+        "from multiworld import WorldManager, init_from_env, Work\n"
+        "unchanged = (sys.exit, sys.excepthook, atexit._ncallbacks()) == hooks\n"
+        "WorldManager(pod='p').close()\n"
+        "print(runtime, unchanged, sys.excepthook is hooks[1], atexit._ncallbacks() > hooks[2])"
+    ).format(light=repr({"multiworld.contract", "multiworld.detect", "multiworld.errors", "multiworld.reduce_op"}))
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "True", "False", "True"], out
+
+
 def test_detect_config_from_env() -> None:
     assert DetectConfig.from_env({}) == DetectConfig()
     config = DetectConfig.from_env({"MULTIWORLD_HEARTBEAT_INTERVAL": "0.05", "MULTIWORLD_OP_TIMEOUT": " 30 "})

@@ -1,11 +1,15 @@
 """MultiWorld: fault-isolated torch.distributed worlds.
 
-`import multiworld` loads neither torch nor kubernetes: torch loads with the first world
-joined (or when `World` is first looked up here), kubernetes only for its channel.
+`import multiworld` loads neither torch nor kubernetes, and importing any of its modules changes
+nothing in the process (the exit hooks come with the first WorldManager). The light modules load
+here; the runtime (`WorldManager`, `init_from_env`, `Work`) when first looked up, so that the
+operator and the planner import `multiworld.contract` alone; torch loads with the first world
+joined (or when `World` is first looked up), kubernetes only for its channel.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -27,24 +31,31 @@ from multiworld.errors import (
     WorldBrokenError,
     WorldJoinError,
 )
-from multiworld.manager import WorldManager
 from multiworld.reduce_op import ReduceOp
-from multiworld.startup import init_from_env
-from multiworld.work import Work
 
 if TYPE_CHECKING:
+    from multiworld.manager import WorldManager
+    from multiworld.startup import init_from_env
+    from multiworld.work import Work
     from multiworld.world import World
 
 # Quiet unless the application configures logging.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
+# Looked up on first use: name -> the module that defines it.
+_LAZY = {
+    "WorldManager": "multiworld.manager",
+    "init_from_env": "multiworld.startup",
+    "Work": "multiworld.work",
+    "World": "multiworld.world",
+}
+
 
 def __getattr__(name: str) -> Any:
-    if name == "World":
-        from multiworld.world import World
-
-        return World
-    raise AttributeError(f"module 'multiworld' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'multiworld' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = [

@@ -126,6 +126,8 @@ class WorldManager(PymultiworldFace):
         # One failure detector for all of this process's worlds (see detector.py).
         self._detector = Detector()
         _open_managers.add(self)
+        # The exit hooks come with the first manager: importing the library changes nothing.
+        shutdown.on_exit(_close_open_managers)
         self._channel.start(self.apply)
         if spare:
             self._changed()  # the platform gives identities only to spares that said they wait
@@ -575,6 +577,3 @@ _open_managers: weakref.WeakSet[WorldManager] = weakref.WeakSet()
 def _close_open_managers() -> None:
     for manager in list(_open_managers):
         manager.close()
-
-
-shutdown.on_exit(_close_open_managers)

@@ -66,9 +66,14 @@ def quiet(timeout: float) -> bool:
 
 
 def on_exit(closer: Callable[[], None]) -> None:
-    """Run `closer` at interpreter exit, before waiting for quiet."""
-    _closers.append(closer)
-    _install_status_hooks()
+    """Run `closer` at interpreter exit, before waiting for quiet (once, however often it is
+    asked for). The first call installs the exit hooks; until then this module changes nothing
+    in the process."""
+    with _cond:
+        if closer in _closers:
+            return
+        _closers.append(closer)
+    _install_hooks()
 
 
 def _record(status: int) -> None:
@@ -85,12 +90,15 @@ def _exit_code(code: Any) -> int:
     return 1  # Python prints a non-int exit argument and exits with 1
 
 
-def _install_status_hooks() -> None:
-    """Remember the exit status the program asks for, in case exit has to use os._exit."""
+def _install_hooks() -> None:
+    """Close and wait at interpreter exit (`_at_exit`), and remember the exit status the program
+    asks for, in case exit has to use os._exit."""
     global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
+    with _cond:
+        if _hooks_installed:
+            return
+        _hooks_installed = True
+    atexit.register(_at_exit)
     previous_hook = sys.excepthook
     previous_exit = sys.exit
 
@@ -132,7 +140,6 @@ def _exit_now(status: int) -> NoReturn:
     os._exit(status)
 
 
-@atexit.register
 def _at_exit() -> None:
     _close_all()
     if quiet(EXIT_GRACE):
