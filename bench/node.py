@@ -173,7 +173,15 @@ def kill_and_time(
     epoch = max(s.joined.get(world, 0) for _, s in before.values() if s is not None) + 1
     entry = wait_for(f"{world} of {name} in the table", lambda: table_entry(core, namespace, name, world))
     playing = next(p for p in entry.pods if entry.plays.get(p, p) == f"{name}-{victim}")
-    pod, _ = before[playing]
+
+    def running() -> client.V1Pod | None:
+        """The victim's pod once its container runs: the pod read before may be an instance
+        whose container the kubelet has not started yet (no container id to kill)."""
+        pod = core.read_namespaced_pod(playing, namespace)
+        containers = (pod.status and pod.status.container_statuses) or []
+        return pod if any(c.container_id and c.state and c.state.running for c in containers) else None
+
+    pod = wait_for(f"the container of {playing} running", running)
     started = time.time()
     support.signal_container(cluster, pod, "SIGKILL")
 
