@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from multiworld.kube_api import MERGE_PATCH
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, NAME_LABEL
 
-MERGE_PATCH = "application/merge-patch+json"
 # Watches are renewed this often, so stopping never waits longer.
 WATCH_S = 5
 

@@ -26,6 +26,7 @@ from kubernetes.config import kube_config
 from multiworld_test_cluster import Cluster
 
 from multiworld.contract import NAME_LABEL, TABLE_ENTRY_KEY, WORLD_LABEL
+from multiworld.kube_api import MERGE_PATCH
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION
 
 T = TypeVar("T")
@@ -33,7 +34,7 @@ T = TypeVar("T")
 CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "multiworld-operator"
 WORKER_SA = "multiworld-worker"
 GROUP, VERSION, PLURAL = "multiworld.io", "v1alpha1", "multiworlds"
-MERGE_PATCH = "application/merge-patch+json"
+
 HELM_TIMEOUT_S = 120
 # Generous: two CPU cores are shared with other work; nothing here asserts a speed.
 WAIT_S = 90.0

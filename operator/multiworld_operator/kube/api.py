@@ -8,13 +8,12 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from multiworld.contract import event_name
+from multiworld.kube_api import MERGE_PATCH, REQUEST_TIMEOUT_S, event_body
 
 from ..spec import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
 from .bodies import COMPONENT
@@ -23,13 +22,9 @@ from .observe import ObjectMeta
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-REQUEST_TIMEOUT_S = 30.0
 # Requests one reconcile step has in flight at once (creating a thousand pods one at a time
 # would take most of a minute).
 CONCURRENCY = 8
-MERGE_PATCH = "application/merge-patch+json"
-# Kubernetes caps an Event's message at 1 KiB.
-EVENT_MESSAGE_MAX = 1024
 
 
 async def each(calls: Iterable[Awaitable[T]]) -> list[T]:
@@ -201,25 +196,12 @@ class KubeApi:
 
     async def post_event(self, multiworld: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = multiworld["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": event_name(meta["name"]), "namespace": meta["namespace"]},
-            "involvedObject": {
-                "apiVersion": GROUP_VERSION,
-                "kind": KIND,
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-            },
-            "type": type_,
-            "reason": reason,
-            "message": message[:EVENT_MESSAGE_MAX],
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+        involved = {
+            "apiVersion": GROUP_VERSION,
+            "kind": KIND,
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
         }
+        body = event_body(involved, type_, reason, message, COMPONENT)
         await self._call(self.core.create_namespaced_event, meta["namespace"], body)

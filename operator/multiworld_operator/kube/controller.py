@@ -16,8 +16,10 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from multiworld.kube_api import Backoff, api_message
+
 from .api import KubeApi
-from .reconcile import CreateRefused, MultiWorldGone, Reconciler, api_message
+from .reconcile import CreateRefused, MultiWorldGone, Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,7 @@ class ReconcileLoop:
     def __init__(self, reconciler: Reconciler) -> None:
         self.reconciler = reconciler
         self.wake = asyncio.Event()
-        self.failures = 0
+        self.backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"reconcile {self.key}")
 
     @property
@@ -50,7 +52,7 @@ class ReconcileLoop:
             self.wake.clear()
             try:
                 wait = await self.reconciler.step()
-                self.failures = 0
+                self.backoff.reset()
                 self.reconciler.failing_with = None
             except MultiWorldGone:
                 log.info("%s/%s: gone; reconcile loop ends", *self.key)
@@ -71,8 +73,7 @@ class ReconcileLoop:
             log.warning("%s/%s: could not report the failed step: %s", *self.key, failure)
 
     def _backoff(self, error: BaseException | None) -> float:
-        self.failures += 1
-        delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (self.failures - 1))
+        delay = self.backoff.next()
         if error is not None:
             reason = api_message(error) if isinstance(error, ApiException) else str(error)
             log.warning("%s/%s: reconcile step failed (%s); retrying in %gs", *self.key, reason, delay)

@@ -13,9 +13,10 @@ from typing import Any, cast
 import kopf
 
 from multiworld.channels.kubernetes import api_client
+from multiworld.kube_api import REQUEST_TIMEOUT_S
 
 from ..spec import API_GROUP, API_VERSION, PLURAL
-from .api import CONCURRENCY, REQUEST_TIMEOUT_S, KubeApi
+from .api import CONCURRENCY, KubeApi
 from .bodies import NAME_LABEL
 from .controller import Controller
 

@@ -18,7 +18,6 @@ memory, one status patch and its Events; nothing scales with the number of other
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -27,6 +26,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from multiworld.contract import WORLD_LABEL, WorldEntry, WorldTable, world_table_name
+from multiworld.kube_api import EVENT_MESSAGE_MAX, api_message
 
 from ..planner import CreatePod, MultiWorldStatus, Observation, Plan, merge_patch, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
@@ -49,8 +49,6 @@ from .world_tables import published_entry, table_writes, world_table_body
 
 log = logging.getLogger(__name__)
 
-# Kubernetes caps an Event's message at 1 KiB.
-EVENT_MESSAGE_MAX = 1024
 # Plans per step: a plan that deleted pods is followed by one that replaces them.
 REPLANS = 3
 
@@ -402,12 +400,3 @@ class Reconciler:
             await self.api.post_event(self.body, type_, reason, message)
         except ApiException as error:
             log.warning("%s/%s: event %s not posted: %s", self.namespace, self.name, reason, api_message(error))
-
-
-def api_message(error: ApiException) -> str:
-    """The API's own explanation (its Status message), else the HTTP reason."""
-    try:
-        message = json.loads(error.body or "")["message"]  # no body: no message
-    except (TypeError, ValueError, KeyError):
-        message = error.reason
-    return f"{error.status} {message}"

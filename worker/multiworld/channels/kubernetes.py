@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -42,23 +41,19 @@ from multiworld.contract import (
     WorkerStatus,
     WorldEntry,
     WorldTable,
-    event_name,
     pod_table_selector,
     table_entry,
 )
+from multiworld.kube_api import MERGE_PATCH, REQUEST_TIMEOUT_S, Backoff, api_message, event_body
 
 log = logging.getLogger(__name__)
 
 SCHEME = "kubernetes://"
-REQUEST_TIMEOUT_S = 30.0
 # The server ends each watch after this long; the client gives up on a silent one a bit later.
 WATCH_TIMEOUT_S = 240
 WATCH_READ_TIMEOUT_S = WATCH_TIMEOUT_S + 30.0
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
-MERGE_PATCH = "application/merge-patch+json"
-# Kubernetes caps an Event's message at 1 KiB.
-EVENT_MESSAGE_MAX = 1024
 # Where the kubelet reads a container's termination message (terminationMessagePath's default).
 TERMINATION_LOG = Path("/dev/termination-log")
 # The exit status of a worker the API refuses (sysexits' EX_NOPERM).
@@ -81,18 +76,6 @@ def parse_table_url(url: str) -> tuple[str, str]:
     if not url.startswith(SCHEME) or not namespace or not name or "/" in name:
         raise ValueError(f"{ENV_TABLE}={url!r}: expected {SCHEME}NAMESPACE/NAME")
     return namespace, name
-
-
-class _Backoff:
-    def __init__(self) -> None:
-        self.delay = RETRY_FIRST_S
-
-    def next(self) -> float:
-        delay, self.delay = self.delay, min(RETRY_MAX_S, self.delay * 2)
-        return delay
-
-    def reset(self) -> None:
-        self.delay = RETRY_FIRST_S
 
 
 class KubernetesChannel:
@@ -155,7 +138,7 @@ class KubernetesChannel:
     def _watch(self, on_table: TableCallback) -> None:
         follower = _TableFollower(on_table)
         selector = pod_table_selector(self.name, self.pod)
-        backoff = _Backoff()
+        backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         while not self._closed.is_set():
             try:
                 response = _raw(
@@ -184,7 +167,7 @@ class KubernetesChannel:
                 )
                 self._closed.wait(delay)
 
-    def _follow(self, follower: _TableFollower, selector: str, resource_version: str, backoff: _Backoff) -> None:
+    def _follow(self, follower: _TableFollower, selector: str, resource_version: str, backoff: Backoff) -> None:
         """Watch from `resource_version` until the server ends the watch or the version is too
         old (then the caller lists afresh)."""
         while not self._closed.is_set():
@@ -229,7 +212,7 @@ class KubernetesChannel:
     # -- reports and status ------------------------------------------------------------------
 
     def _write(self) -> None:
-        backoff = _Backoff()
+        backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         while True:
             with self._lock:
                 while not (self._unsent_reports or self._unsent_status or self._closed.is_set()):
@@ -294,24 +277,14 @@ class KubernetesChannel:
         # The Event is on the spare's own Pod; the member it plays is what a reader looks for.
         playing = f" (pod {self.pod}, playing {report.plays})" if report.plays else ""
         message = f"world {report.world} epoch {report.epoch} broken{peer}{playing}: {report.reason}"
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body: dict[str, Any] = {
-            "metadata": {"name": event_name(self.pod), "namespace": self.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": self.pod,
-                "namespace": self.namespace,
-                "uid": self._pod_uid,
-            },
-            "type": "Warning",
-            "reason": "WorldBroken",
-            "message": message[:EVENT_MESSAGE_MAX],
-            "source": {"component": "multiworld-worker"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": self.pod,
+            "namespace": self.namespace,
+            "uid": self._pod_uid,
         }
+        body = event_body(involved, "Warning", "WorldBroken", message, "multiworld-worker")
         try:
             _raw(self.core.create_namespaced_event, self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as error:
@@ -405,5 +378,5 @@ def _entry(obj: dict[str, Any]) -> WorldEntry | None:
 
 def _describe(error: BaseException) -> str:
     if isinstance(error, ApiException):
-        return f"{error.status} {error.reason}"
+        return api_message(error)
     return f"{type(error).__name__}: {error}"
