@@ -161,7 +161,7 @@ def collectives(args: dict[str, Any]) -> None:
     if DEVICE == "cuda":
         # NCCL: one world after the other. A communicator connects to a peer at its first op
         # with that peer; two communicators of one GPU doing that at once, started in different
-        # orders by different processes, deadlock (seen on an H100 at the first all_to_all).
+        # orders by different processes, can deadlock (each waits for the other's connection).
         for world in worlds.values():
             blocking(world)
     else:

@@ -45,8 +45,9 @@ _INTERRUPT_WAIT = timedelta(milliseconds=1)
 _INTERRUPT_TAG = 2**31 - 1
 
 # One gloo device (a listening socket and the loop thread that serves every pair's I/O) for all
-# the gloo worlds of this process: each device's loop wakes every 10 ms even when idle, so a
-# device per world cost 4 % of a core at 200 idle worlds (measured, torch 2.13).
+# the gloo worlds of this process: each device's loop wakes periodically even when idle, so a
+# device per world would cost CPU in proportion to the idle worlds (bench/heartbeats.py
+# measures a process's idle CPU by the number of worlds).
 _gloo_device: Any = None
 _gloo_device_lock = threading.Lock()
 
@@ -110,7 +111,8 @@ class GlooDriver:
     # send/recv: no future; reduce_scatter: no future, and its wait ignores the timeout.
     waited_ops = frozenset({"send", "recv", "reduce_scatter"})
     # gloo's all_gather refuses a wrong list, shape or dtype, and copies strided tensors
-    # correctly (torch 2.13): checking first cost a 1 MiB all_gather about 2 %.
+    # correctly (torch 2.13): checking them again first would add to every all_gather's time
+    # (bench/collectives.py).
     self_checked = frozenset({"send", "recv", "all_gather"})
     device = None
 
@@ -235,9 +237,9 @@ class NcclDriver:
 
         The works' futures are not used: ProcessGroupNCCL completes them when the op is
         queued, and off the root a gather's or scatter's future fails on an undefined tensor
-        ("Cannot access storage of UndefinedTensorImpl", torch 2.11, NCCL 2.28, H100)."""
-        # Ordered on the caller's stream now: without it, an awaited op's outputs were read
-        # while NCCL still wrote them (garbage all_gather outputs, seen on an H100).
+        ("Cannot access storage of UndefinedTensorImpl")."""
+        # Ordered on the caller's stream now: NCCL writes the outputs on its own stream, and a
+        # caller that went on without this wait could read them before they are written.
         world._wait(op, torch_work)
         work._settle(None)
 

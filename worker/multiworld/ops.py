@@ -82,7 +82,8 @@ _METHODS = {
 
 def bind(comm: Backend) -> dict[str, Callable[..., Any]]:
     """The communicator's method for each op, bound once. Looking it up by name on every op
-    (getattr, then a call with unpacked arguments) cost a 1 MiB ping-pong about 1.5 %."""
+    (getattr, then a call with unpacked arguments) is paid on every op, and showed in the
+    library's time against raw torch (bench/collectives.py)."""
     return {op: getattr(comm, method) for op, method in _METHODS.items()}
 
 
@@ -294,8 +295,9 @@ class Collectives:
 
     # -- point to point ----------------------------------------------------------------
     # send and recv run their blocking path in their own frame instead of calling
-    # _run: a ping-pong puts two of them on its critical path, and the second frame cost a 1 MiB
-    # ping-pong about 0.7 % (bench/collectives.py), a third of the library's share of it.
+    # _run: a ping-pong puts two of them on its critical path, and a second frame for each was a
+    # large part of the library's own share of a ping-pong's time (bench/collectives.py,
+    # send_recv).
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0, async_op: bool = False) -> Work | None:
         """Send `tensor` to rank `dst` of this world."""

@@ -1,13 +1,19 @@
-"""The Kubernetes platform: MultiWorld custom resources become pods and a headless Service.
+"""The Kubernetes platform: MultiWorld custom resources become pods, a headless Service, a
+NetworkPolicy and the world table's ConfigMaps.
 
 The planner decides everything; this package only observes (the MultiWorld, its pods and
-their annotations) and executes (pod deletes and creates, the status subresource, Events).
+their annotations) and executes (pod deletes and creates, the table, the status subresource,
+Events).
 
-- `bodies`: the pod and Service bodies, labels, annotations, rendezvous hosts (pure).
+- `bodies`: the pod, Service and NetworkPolicy bodies, labels, annotations, rendezvous hosts (pure).
 - `ports`: a rendezvous port per world, stable across spec edits (pure).
 - `observe`: pods as the API returns them -> the planner's Observation parts (pure).
-- `refusal`: the status an invalid spec gets (pure).
-- `api`: the few API calls the operator makes, async, with timeouts.
+- `pod_cache`: a MultiWorld's pods as last seen, kept current by the watch and our own writes (pure).
+- `world_tables`: the live world table, one ConfigMap per world (pure).
+- `memory`: the planner's whole status, kept in a ConfigMap across operator restarts (pure).
+- `refusal`: the status an invalid spec or a failed step gets (pure).
+- `api`: the few API calls the operator makes, async, with timeouts (the request timeout, merge
+  patches, Event bodies and the API's error text are shared with the worker: multiworld.kube_api).
 - `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store status.
 - `controller`: one reconcile loop per MultiWorld, woken by watch events.
 - `handlers`: the kopf handlers (they only wake loops); `main.run_operator` runs kopf.
