@@ -4,38 +4,29 @@ final JSON line. No torch here: the coordinating process of a bench never needs 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from multiworld_operator.local.runner import free_store_ports
 
 REPO = Path(__file__).resolve().parents[1]
+# The harness the tests share with the benches (tests/harness/, a package), found by name: ahead
+# of the installed packages (as pytest's `pythonpath` puts it), behind this folder.
+sys.path.insert(1, str(REPO / "tests"))
+from harness.members import Member  # noqa: E402
+
 # Store ports as `multiworld run` picks them: none that the kernel hands out to other sockets.
 free_ports = free_store_ports
-
-
-def load_test_module(name: str, path: str) -> ModuleType:
-    """A module of tests/ (not a package) by its path under the repo, registered as `name` (the
-    name the other tests/ modules import it by)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # Members share two cores with everything else: one compute thread each keeps them from
@@ -52,6 +43,17 @@ def parser(description: str | None) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smallest settings: checks the bench runs, not the figures")
     p.add_argument("--json", action="store_true", help="end with the results as one JSON line")
     return p
+
+
+def credentials_flag(p: argparse.ArgumentParser) -> None:
+    """--as {chart,admin}, for the benches that run `multiworld operator` (args.credentials)."""
+    p.add_argument(
+        "--as",
+        dest="credentials",
+        choices=("chart", "admin"),
+        default="chart",
+        help="the operator's credentials: the chart's ServiceAccount (default) or the cluster admin",
+    )
 
 
 def positive(convert: type) -> Any:
@@ -188,77 +190,6 @@ def emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, "at": time.time(), **fields}), flush=True)
 
 
-class Member:
-    """A member process (`python SCRIPT ARGS...`) whose stdout lines are JSON events."""
-
-    def __init__(self, script: Path, args: Sequence[str], name: str) -> None:
-        self.name = name
-        self.events: list[dict[str, Any]] = []
-        self._cond = threading.Condition()
-        self._stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script), *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env={**os.environ, **MEMBER_ENV},
-            cwd=REPO,
-        )
-        threading.Thread(target=self._read, name=f"read-{name}", daemon=True).start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            with self._cond:
-                self.events.append(event)
-                self._cond.notify_all()
-        with self._cond:
-            self.events.append({"event": "eof"})
-            self._cond.notify_all()
-
-    def stderr(self) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read().decode(errors="replace")[-3000:]
-
-    def wait_for(self, name: str, timeout: float = MEMBER_WAIT_S, **match: Any) -> dict[str, Any]:
-        """The first event `name` whose fields include `match`."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for event in self.events:
-                    if event["event"] == name and all(event.get(k) == v for k, v in match.items()):
-                        return event
-                    if event["event"] == "eof":
-                        raise RuntimeError(f"member {self.name} ended before {name} {match}:\n{self.stderr()}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RuntimeError(
-                        f"no {name} {match} from member {self.name} within {timeout:.0f}s:\n{self.stderr()}"
-                    )
-                self._cond.wait(left)
-
-    def tell(self, command: dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def signal(self, sig: int) -> None:
-        os.kill(self.proc.pid, sig)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(30)
-
-
 class Members:
     """Every member a bench started; all still running are killed on exit (SIGKILL also ends
     SIGSTOPped ones)."""
@@ -268,7 +199,7 @@ class Members:
         self.started: list[Member] = []
 
     def start(self, name: str, args: Sequence[str]) -> Member:
-        member = Member(self.script, args, name)
+        member = Member([str(self.script), *args], name, env=MEMBER_ENV, cwd=REPO, wait_s=MEMBER_WAIT_S)
         self.started.append(member)
         return member
 

@@ -20,14 +20,14 @@ from typing import Any, TypeVar
 
 import _common as common
 from _kubelet_stand_in import StandInKubelet
+from harness import kube
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 T = TypeVar("T")
 
-# operator_support imports the cluster module under this name (tests/kube/conftest.py does the same).
-cluster_module = common.load_test_module("multiworld_test_cluster", "tests/cluster/cluster.py")
-support = common.load_test_module("operator_support", "tests/kube/operator_support.py")
+cluster_module, _ = kube.cluster_modules()
+support = kube.kube_support("operator_support")
 
 GROUP, VERSION, PLURAL = support.GROUP, support.VERSION, support.PLURAL
 # Generous: thousands of pods and a large status on two shared cores.

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import _common as common
+from harness import kube
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
@@ -51,9 +52,8 @@ from multiworld.contract import STATUS_ANNOTATION, TABLE_ENTRY_KEY, WorkerStatus
 T = TypeVar("T")
 
 
-cluster_module = common.load_test_module("multiworld_test_cluster", "tests/cluster/cluster.py")
-images = common.load_test_module("multiworld_test_images", "tests/cluster/images.py")
-support = common.load_test_module("node_support", "tests/kube/node_support.py")
+cluster_module, images = kube.cluster_modules()
+support = kube.kube_support("node_support")
 
 STAGES = ("operator", "schedule", "container_start", "import", "rendezvous")
 INTERVAL_S = 0.5

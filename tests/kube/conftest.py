@@ -9,31 +9,16 @@ A missing control plane is a test error with the reason, never a skip.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+from harness import kube
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-
-def _load_cluster_module(name: str, file: str) -> ModuleType:
-    # tests/ is not a package; load a file of tests/cluster/ by path under a distinct name.
-    path = Path(__file__).resolve().parents[1] / "cluster" / file
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_load_cluster_module("multiworld_test_cluster", "cluster.py")
-_load_cluster_module("multiworld_test_images", "images.py")
+# tests/cluster's modules, registered as multiworld_test_cluster and multiworld_test_images.
+kube.cluster_modules()
 
 # The modules registered just above (their types: multiworld_test_*.pyi beside this file).
 import multiworld_test_cluster as cluster_module  # noqa: E402

@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -18,14 +13,14 @@ from typing import Any
 
 import pytest
 import torch
+from harness import members
 
 from multiworld.contract import BrokenWorldReport, WorkerEnv, WorkerStatus, WorldAssignment, WorldEntry, WorldTable
 from multiworld_operator.local.channel_server import ChannelServer
 from multiworld_operator.local.runner import free_store_ports
 
 MEMBER = Path(__file__).with_name("member.py")
-# Generous: two busy cores, several processes importing torch at once.
-WAIT = 90.0
+WAIT = members.WAIT_S
 # Tests run on busy machines: a heartbeat a little late must not look like a death.
 TEST_DETECT = {"dead_after": 2.0, "join_timeout": 60.0, "op_timeout": 60.0}
 # Store ports as `multiworld run` picks them: none that the kernel hands out to other sockets.
@@ -46,15 +41,7 @@ def assignment(name: str, rank: int, size: int, port: int, epoch: int = 1, backe
     ).model_dump()
 
 
-def _signals_as_from_a_terminal() -> None:
-    """In a member before exec: SIGINT and SIGQUIT at their defaults, as a program started from a
-    terminal has them. A suite started in the background (`make test &`) inherits both ignored,
-    and a member's reaction to Ctrl-C would go untested."""
-    for sig in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-
-
-class Member:
+class Member(members.Member):
     """One member process running a scenario of member.py (or, given `argv`, that program of
     its own, named `scenario` in messages); its stdout is JSON events."""
 
@@ -62,77 +49,12 @@ class Member:
         self, scenario: str, args: dict[str, Any], env: dict[str, str] | None = None, argv: list[str] | None = None
     ) -> None:
         self.scenario = scenario
-        self.events: list[dict[str, Any]] = []
-        self._cond = threading.Condition()
-        self._stderr = tempfile.TemporaryFile()
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, *(argv if argv is not None else [str(MEMBER), scenario, json.dumps(args)])],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=full_env,
-            preexec_fn=_signals_as_from_a_terminal,
+        super().__init__(
+            argv if argv is not None else [str(MEMBER), scenario, json.dumps(args)],
+            name=scenario,
+            env={"PYTHONFAULTHANDLER": "1", **(env or {})},
+            wait_s=WAIT,
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            with self._cond:
-                self.events.append(event)
-                self._cond.notify_all()
-        with self._cond:
-            self.events.append({"event": "eof"})
-            self._cond.notify_all()
-
-    def stderr(self) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read().decode(errors="replace")[-4000:]
-
-    def wait_for(self, name: str, timeout: float = WAIT, **match: Any) -> dict[str, Any]:
-        """The first event `name` whose fields include `match`."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for event in self.events:
-                    if event["event"] == name and all(event.get(k) == v for k, v in match.items()):
-                        return event
-                    if event["event"] == "eof":
-                        raise AssertionError(f"{self.scenario} ended before {name} {match}:\n{self.stderr()}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no {name} {match} within {timeout}s from {self.scenario}:\n{self.stderr()}")
-                self._cond.wait(left)
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        with self._cond:
-            return [e for e in self.events if e["event"] == name]
-
-    def tell(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def signal(self, sig: signal.Signals) -> None:
-        os.kill(self.proc.pid, sig)
-
-    def wait_exit(self, timeout: float = WAIT) -> int:
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 class TableServer:
