@@ -65,13 +65,7 @@ def parse_args(argv: Sequence[str] | None) -> Any:
         default=None,
         help="world failures counted per MultiWorld size (default 3; 1 with --quick)",
     )
-    p.add_argument(
-        "--as",
-        dest="credentials",
-        choices=("chart", "admin"),
-        default="chart",
-        help="the operator's credentials: the chart's ServiceAccount (default) or the cluster admin",
-    )
+    common.credentials_flag(p)
     args = p.parse_args(argv)
     args.failures = args.failures or (3 if args.quick else 20)
     args.repeats = args.repeats or (1 if args.quick else 3)

@@ -84,13 +84,7 @@ def parse_args(argv: Sequence[str] | None) -> Any:
         default=None,
         help=f"MultiWorlds of {MANY_WORLDS} worlds for the many-MultiWorlds figure (default {MANY}; 3 with --quick)",
     )
-    p.add_argument(
-        "--as",
-        dest="credentials",
-        choices=("chart", "admin"),
-        default="chart",
-        help="the operator's credentials: the chart's ServiceAccount (default) or the cluster admin",
-    )
+    common.credentials_flag(p)
     args = p.parse_args(argv)
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
     args.failures = args.failures or (3 if args.quick else FAILURES)
