@@ -145,20 +145,41 @@ class Backoff(_SpecModel):
         return min(longest, delay)
 
 
+ReplaceChoice = Literal["Pod", "World"]
+
+
 class FailurePolicy(_SpecModel):
-    """At most `maxRestarts` restarts of a world within any `window`; then the world is Failed."""
+    """At most `maxRestarts` restarts of a world within any `window`; then the world is Failed.
+    `replace` says which pods a failure costs: `Pod` only those that are gone (ended, named by a
+    live peer, or not joined the new epoch within `joinTimeout`); `World` every pod of the world
+    that is in no other healthy world."""
 
     max_restarts: int = Field(default=10, ge=0, le=MAX_RESTARTS, description="Restarts allowed within `window`.")
     window: str = Field(
         default="1h", json_schema_extra=_DURATION_SCHEMA, description="A duration such as 30s, 5m, 1h or 1h30m."
     )
     backoff: Backoff = Field(default_factory=Backoff, description="Delays between restarts; the first is immediate.")
+    replace: ReplaceChoice = Field(
+        default="Pod",
+        description="Pod: a failure replaces only the pods that are gone (ended, named by a live peer as the "
+        "culprit, or not joined the new epoch within joinTimeout); the others join the new epoch. World: every "
+        "pod of the world that is in no other healthy world is replaced (programs that must restart together).",
+    )
+    join_timeout: str = Field(
+        default="5m",
+        json_schema_extra=_DURATION_SCHEMA,
+        description="How long a kept pod may take to join its world's new epoch before it is replaced.",
+    )
 
-    _window = field_validator("window")(_check_duration)
+    _window = field_validator("window", "join_timeout")(_check_duration)
 
     @property
     def window_seconds(self) -> float:
         return parse_duration(self.window)
+
+    @property
+    def join_timeout_seconds(self) -> float:
+        return parse_duration(self.join_timeout)
 
 
 class Member(_SpecModel):

@@ -95,12 +95,56 @@ def recovered_once(summary: dict, name: str) -> None:
     assert len(world["recovery_seconds"]) == 1 and world["recovery_seconds"][0] > 0
 
 
+def starts(tmp_path: Path, pod: str) -> int:
+    """How many processes member pod `pod` (`w1-0`) had in the run: one per start in its log."""
+    return (tmp_path / "logs" / f"{run_name(tmp_path)}-{pod}.log").read_text().count("--- start ")
+
+
 def test_killing_an_exclusive_member_rebuilds_only_its_world(tmp_path):
+    """Only the dead pod is replaced: its live sibling w1-0 and the leader join world1's epoch 2
+    in the processes they have."""
     summary = run(manifest(tmp_path, **SEED), tmp_path, "--kill", "w1:1", "--after", "5", "--duration", "50")
     recovered_once(summary, "world1")
     world2 = summary["worlds"]["world2"]
     assert (world2["failures"], world2["errors"], world2["epoch"]) == (0, 0, 1), summary["_stderr"]
     assert summary["_rc"] == 0
+    assert {pod: starts(tmp_path, pod) for pod in ("leader-0", "w1-0", "w1-1", "w2-0")} == {
+        "leader-0": 1,
+        "w1-0": 1,
+        "w1-1": 2,
+        "w2-0": 1,
+    }, summary["_stderr"]
+
+
+def test_replace_world_restarts_every_pod_of_the_failed_world(tmp_path):
+    """`failurePolicy.replace: World`: the kill restarts w1-0 too; the shared leader, alive in
+    world2, stays."""
+    whole = {"replace": "World"}
+    worlds = [dict(w, failurePolicy=whole) for w in SEED["worlds"]]
+    summary = run(
+        manifest(tmp_path, members=SEED["members"], worlds=worlds), tmp_path,
+        "--kill", "w1:1", "--after", "5", "--duration", "50",
+    )  # fmt: skip
+    recovered_once(summary, "world1")
+    assert (starts(tmp_path, "w1-0"), starts(tmp_path, "w1-1"), starts(tmp_path, "leader-0")) == (2, 2, 1)
+
+
+def test_a_program_that_stops_when_its_world_breaks_is_replaced(tmp_path):
+    """A member program that prints and exits 0 when its world breaks (pymultiworld's examples'
+    style): the kill fails the world, every survivor ends, and each ended pod is replaced; the
+    world comes back at epoch 2."""
+    path = manifest(tmp_path, members=[{"name": "a"}, {"name": "b", "replicas": 2}], worlds=[
+        {"name": "solo", "ranks": ["a", "b"]}
+    ])  # fmt: skip
+    doc = yaml.safe_load(path.read_text())
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    container["command"], container["args"] = ["python", "tests/local/stop_on_break.py"], []
+    path.write_text(yaml.safe_dump(doc))
+    summary = run(path, tmp_path, "--kill", "b:1", "--after", "5", "--duration", "40")
+    recovered_once(summary, "solo")
+    assert [starts(tmp_path, pod) for pod in ("a-0", "b-0", "b-1")] == [2, 2, 2], summary["_stderr"]
+    log = (tmp_path / "logs" / f"{run_name(tmp_path)}-a-0.log").read_text()
+    assert "solo broke" in log and "stopping" in log and "solo epoch 2 step" in log, log
 
 
 def test_killing_the_shared_member_fails_and_rebuilds_both_worlds(tmp_path):
@@ -195,20 +239,22 @@ def test_chaos_kills_members_and_the_worlds_recover(tmp_path):
 
 
 SPARED: dict[str, Any] = dict(
-    SEED, members=[{"name": "leader"}, {"name": "w1", "replicas": 2, "spares": 2}, {"name": "w2", "replicas": 2}]
+    SEED, members=[{"name": "leader"}, {"name": "w1", "replicas": 2, "spares": 1}, {"name": "w2", "replicas": 2}]
 )
 
 
 def test_the_manifests_spares_take_the_killed_worlds_places(tmp_path):
-    """spares: 2 on w1, no flag: world1 comes back with both spares playing its w1 pods (each a
-    process of w1's own command, started ahead of the kill), and no new process of a w1 pod."""
+    """spares: 1 on w1, no flag: one death takes one spare. world1 comes back with the spare (a
+    process of w1's own command, started ahead of the kill) playing the killed w1-1, the live
+    w1-0 in its own process, and no new process of a w1 pod."""
     summary = run(manifest(tmp_path, **SPARED), tmp_path, "--kill", "w1:1", "--after", "8", "--duration", "40")
     recovered_once(summary, "world1")
     name = run_name(tmp_path)
     out = summary["_stderr"]
+    assert re.search(rf"SpareAssigned: warm spare {name}-w1-spare-a plays {name}-w1-1 ", out), out
+    assert f"plays {name}-w1-0" not in out, out
     for pod in ("w1-0", "w1-1"):
-        assert re.search(rf"SpareAssigned: warm spare {name}-w1-spare-[ab] plays {name}-{pod} ", out), out
-        assert (tmp_path / "logs" / f"{name}-{pod}.log").read_text().count("--- start") == 1, "a w1 pod was restarted"
+        assert starts(tmp_path, pod) == 1, f"{pod} was restarted"
     spare_log = (tmp_path / "logs" / f"{name}-w1-spare-a.log").read_text()
     assert spare_log.count("--- start") == 1 and "from world1 has gathered tensors" in spare_log, spare_log
     world2 = summary["worlds"]["world2"]

@@ -60,6 +60,8 @@ class Sim:
         self.status: MultiWorldStatus | None = None
         self.reports: list[BrokenWorldReport] = []
         self.last: Plan | None = None
+        # Pods whose process is frozen: Running, but their worker follows no table.
+        self.frozen: set[str] = set()
 
     # -- the platform side ------------------------------------------------------------------
 
@@ -83,6 +85,15 @@ class Sim:
                     created_for=create.created_for,
                 )
         self.status = result.status
+        # A live worker that follows the table starts joining each newer epoch of its worlds.
+        for name, pod in list(self.pods.items()):
+            if pod.phase == "Running" and pod.joined is not None and name not in self.frozen:
+                joining = {
+                    a.name: a.epoch
+                    for a in self.status.table.assignments_for(name).values()
+                    if pod.joined.get(a.name) != a.epoch
+                }
+                self.pods[name] = pod.model_copy(update={"joining": joining})
 
     def step(self) -> Plan:
         result = self.plan()
@@ -99,10 +110,12 @@ class Sim:
         plays nothing waits for an identity."""
         assert self.status is not None
         for name, pod in list(self.pods.items()):
-            if pod.phase in ("Pending", "Running"):
+            if pod.phase in ("Pending", "Running") and name not in self.frozen:
                 joined = {a.name: a.epoch for a in self.status.table.assignments_for(name).values()}
                 warm = name in self.status.spare_pool
-                self.pods[name] = pod.model_copy(update={"phase": "Running", "joined": joined, "warm": warm})
+                self.pods[name] = pod.model_copy(
+                    update={"phase": "Running", "joined": joined, "joining": {}, "warm": warm}
+                )
 
     def fail(self, pod: str) -> None:
         self.set_phase(pod, "Failed")

@@ -1,5 +1,7 @@
 """Invariants of the planner over random topologies and random fault sequences (hypothesis):
-no healthy world changes epoch, a pod of a healthy world is never restarted, epochs only grow,
+no healthy world changes epoch, a pod of a healthy world is never restarted, a live member of a
+failed world is never replaced unless a peer named it, it stayed silent past the join timeout,
+or its world restarts whole (`replace: World`), epochs only grow,
 the table matches the status, restarts stay within policy, and re-planning the same observation
 changes nothing. Warm spares: a spare plays one member pod of its own member in its life, only a
 ready spare is given an identity, a new pod is created only when no ready spare was there, and
@@ -8,6 +10,7 @@ the pool refills."""
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -32,6 +35,8 @@ SMALL_POLICIES = st.fixed_dictionaries(
         "backoff": st.fixed_dictionaries(
             {"initialDelay": st.sampled_from(["0s", "2s", "7s"]), "maxDelay": st.just("20s")}
         ),
+        "replace": st.sampled_from(["Pod", "World"]),
+        "joinTimeout": st.sampled_from(["5s", "5m"]),
     }
 )
 
@@ -53,6 +58,8 @@ WHOLE_RANGE_POLICIES = st.fixed_dictionaries(
         "backoff": st.fixed_dictionaries(
             {"initialDelay": durations(), "maxDelay": durations(), "factor": st.floats(1.0, spec.MAX_FACTOR)}
         ),
+        "replace": st.sampled_from(["Pod", "World"]),
+        "joinTimeout": durations(),
     }
 )
 
@@ -83,6 +90,7 @@ FAULTS = st.one_of(
     st.tuples(st.just("finish"), st.integers(0, 7)),
     st.tuples(st.just("report"), st.integers(0, 2), st.integers(-1, 0), st.integers(-1, 3)),
     st.tuples(st.just("advance"), st.sampled_from([1, 3, 8, 40, 400])),
+    st.tuples(st.just("freeze"), st.integers(0, 7)),
 )
 
 
@@ -94,13 +102,17 @@ def inject(sim: Sim, fault: tuple[Any, ...]) -> tuple[set[str], set[tuple[str, i
         if fault[1] > 0.3:
             sim.start_all()
         return set(), set()
-    if kind in ("fail", "vanish", "finish") and pods:
+    if kind in ("fail", "vanish", "finish", "freeze") and pods:
         pod = pods[fault[1] % len(pods)]
         if kind == "vanish":
             sim.vanish(pod)
+        elif kind == "freeze":
+            sim.frozen.add(pod)  # Running to the platform; its worker follows no table any more
+            return set(), set()
         else:
             sim.set_phase(pod, "Failed" if kind == "fail" else "Succeeded")
-        return ({pod} if kind != "finish" else set()), set()
+        # A pod that ended leaves its worlds (a finished one may be replaced, which moves them).
+        return {pod}, set()
     if kind == "report" and sim.status is not None:
         # A worker reports an epoch it held: the current one or an older one, never a future one.
         names = list(sim.status.worlds)
@@ -114,11 +126,21 @@ def inject(sim: Sim, fault: tuple[Any, ...]) -> tuple[set[str], set[tuple[str, i
     return set(), set()
 
 
-def healthy_worlds(before: MultiWorldStatus, hit: set[str], reported: set[tuple[str, int]]) -> list[str]:
+def healthy_worlds(sim: Sim, before: MultiWorldStatus, hit: set[str], reported: set[tuple[str, int]]) -> list[str]:
+    """Worlds that are up, whose every member runs (none ended earlier, none silent past a join
+    timeout of another world), and that nothing hit or reported in this step."""
     return [
         name
         for name, world in before.worlds.items()
-        if world.up and not hit & {before.played_by_pod(p) for p in world.pods} and (name, world.epoch) not in reported
+        if world.up
+        and not hit & {before.played_by_pod(p) for p in world.pods}
+        and (name, world.epoch) not in reported
+        and all(
+            (seen := sim.pods.get(before.played_by_pod(p))) is not None
+            and seen.phase in ("Pending", "Running")
+            and not silent_too_long(sim, before, p)
+            for p in world.pods
+        )
     ]
 
 
@@ -142,14 +164,60 @@ def check_step(sim: Sim, before: MultiWorldStatus, result: Plan, hit: set[str], 
         assert after.worlds[name].epoch >= world.epoch, name
     # No healthy world changes epoch, leaves the table, or loses a pod of its own.
     deleted = {d.pod for d in result.deletes}
-    for name in healthy_worlds(before, hit, reported):
+    for name in healthy_worlds(sim, before, hit, reported):
         assert after.worlds[name].epoch == before.worlds[name].epoch, (name, result.events)
         assert after.worlds[name].up or after.worlds[name].phase == "Succeeded", name
         for pod in before.worlds[name].pods:
             instance = before.played_by_pod(pod)
             assert not (instance in deleted and ours(sim, before, pod)), f"{pod} of healthy {name} restarted"
+    check_replacements(sim, before, result)
     check_spares(sim, before, result)
     check_consistency(sim.mw, sim, result)
+
+
+def check_replacements(sim: Sim, before: MultiWorldStatus, result: Plan) -> None:
+    """A live member pod (Running, the instance the planner asked for) is deleted only when a
+    peer named it at its world's current epoch, it was silent past a world's join timeout, one
+    of its worlds restarts whole (`replace: World`), or no world of it is up any more."""
+    deleted = {d.pod for d in result.deletes}
+    for pod, record in before.pods.items():
+        instance = record.spare or pod
+        seen = sim.pods.get(instance)
+        if instance not in deleted or seen is None or seen.phase != "Running" or not ours(sim, before, pod):
+            continue
+        worlds = sim.mw.worlds_of_pod(pod)
+        if any(sim.mw.world(w).failure_policy.replace == "World" for w in worlds):
+            continue
+        if not any(result.status.worlds[w].up for w in worlds):
+            continue
+        named = any(
+            r.peer_rank is not None
+            and r.world in before.worlds
+            and r.epoch == before.worlds[r.world].epoch
+            and before.worlds[r.world].pods[r.peer_rank] == pod
+            for r in sim.reports
+            if r.peer_rank is not None and r.world in before.worlds and r.peer_rank < before.worlds[r.world].size
+        )
+        assert named or silent_too_long(sim, before, pod), (
+            f"live {pod} replaced: {[d.reason for d in result.deletes if d.pod == instance]}"
+        )
+
+
+def silent_too_long(sim: Sim, before: MultiWorldStatus, pod: str) -> bool:
+    """Whether member pod `pod` was kept from an earlier epoch of one of its worlds and, that
+    world's join timeout after the epoch opened, shows neither joining nor having joined it."""
+    record = before.pods.get(pod)
+    seen = sim.pods.get(before.played_by_pod(pod))
+    if record is None or seen is None or seen.phase != "Running" or seen.joined is None:
+        return False
+    return any(
+        (state := before.worlds[w]).up
+        and state.epoch_started is not None
+        and sim.now >= state.epoch_started + timedelta(seconds=sim.mw.world(w).failure_policy.join_timeout_seconds)
+        and record.created_for.get(w, 0) < state.epoch
+        and state.epoch not in (seen.joined.get(w), seen.joining.get(w))
+        for w in sim.mw.worlds_of_pod(pod)
+    )
 
 
 def ready_spares(sim: Sim, before: MultiWorldStatus, member: str) -> set[str]:
@@ -262,7 +330,7 @@ def test_every_surviving_world_comes_back(mw: MultiWorld, faults: list[tuple[Any
     sim = Sim(mw)
     sim.step()
     for fault in faults:
-        if fault[0] != "finish":
+        if fault[0] not in ("finish", "freeze"):  # a program that ends, or freezes, for good
             inject(sim, fault)
             sim.step()
     for _ in range(12):

@@ -106,7 +106,7 @@ def test_exclusive_pod_failure_restarts_only_its_world() -> None:
     sim = running()
     sim.fail(W1_0)
     result = sim.plan()
-    assert {d.pod for d in result.deletes} == {W1_0, W1_1}  # the dead pod and its exclusive sibling
+    assert {d.pod for d in result.deletes} == {W1_0}  # only the dead pod: its live sibling stays
     assert result.creates == []  # a pod is recreated once the old one is gone
     assert sim.epoch("world1") == 1 and result.status.worlds["world1"].epoch == 2
     assert result.status.worlds["world2"].epoch == 1 and result.status.worlds["world2"].phase == "Running"
@@ -130,11 +130,12 @@ def test_the_table_names_which_instance_of_each_pod_holds_its_rank() -> None:
     sim.fail(W1_0)
     table = sim.plan().publishes[0].table
     world1, world2 = table.worlds
-    assert world1.instances == {LEADER: 1, W1_0: 2, W1_1: 2}
+    assert world1.instances == {LEADER: 1, W1_0: 2, W1_1: 1}
     assert world2.instances == {LEADER: 1, W2_0: 1}
-    assert table.replaced(W1_1, {"world1": 1}) == ["world1"]
+    assert table.replaced(W1_0, {"world1": 1}) == ["world1"]
+    assert table.replaced(W1_1, {"world1": 1}) == []  # kept: it joins epoch 2 as it is
     assert table.replaced(LEADER, {"world1": 1, "world2": 1}) == []
-    assert table.replaced(W1_1, {"world1": 2}) == []
+    assert table.replaced(W1_0, {"world1": 2}) == []
 
 
 def test_replaced_pods_come_back_at_the_new_epoch_and_the_world_recovers() -> None:
@@ -142,7 +143,7 @@ def test_replaced_pods_come_back_at_the_new_epoch_and_the_world_recovers() -> No
     sim.fail(W1_0)
     sim.step()
     result = sim.step()
-    assert {c.pod: c.created_for for c in result.creates} == {W1_0: {"world1": 2}, W1_1: {"world1": 2}}
+    assert {c.pod: c.created_for for c in result.creates} == {W1_0: {"world1": 2}}
     assert all(a.epoch == 2 for c in result.creates for a in c.worlds)
     sim.start_all()
     result = sim.step()
@@ -175,16 +176,31 @@ def test_shared_pod_failure_fails_every_world_it_is_in() -> None:
     sim.fail(LEADER)
     result = sim.step()
     assert (sim.epoch("world1"), sim.epoch("world2")) == (2, 2)
-    # No world of any pod is up any more: all are replaced.
-    assert {d.pod for d in result.deletes} == {LEADER, W1_0, W1_1, W2_0}
+    # Only the dead pod goes: the others join both worlds' epoch 2.
+    assert {d.pod for d in result.deletes} == {LEADER}
     assert [e.world for e in result.events] == ["world1", "world2"]
     result = sim.step()
-    assert {c.pod: c.created_for for c in result.creates} == {
-        LEADER: {"world1": 2, "world2": 2},
-        W1_0: {"world1": 2},
-        W1_1: {"world1": 2},
-        W2_0: {"world2": 2},
-    }
+    assert {c.pod: c.created_for for c in result.creates} == {LEADER: {"world1": 2, "world2": 2}}
+    sim.settle()
+    assert sim.status is not None and sim.status.phase == "Running"
+
+
+def test_replace_world_restarts_every_pod_of_the_world_that_no_healthy_world_holds() -> None:
+    """`failurePolicy.replace: World`, for programs that must restart together: the dead pod and
+    its exclusive siblings go; the shared leader, alive in the healthy world2, stays."""
+    sim = running(failurePolicy={"replace": "World"})
+    sim.fail(W1_0)
+    result = sim.step()
+    assert {d.pod for d in result.deletes} == {W1_0, W1_1}
+    assert sim.epoch("world2") == 1 and sim.world_phase("world2") == "Running"
+    result = sim.step()
+    assert {c.pod: c.created_for for c in result.creates} == {W1_0: {"world1": 2}, W1_1: {"world1": 2}}
+    sim.fail(LEADER)
+    sim.settle()
+    sim.fail(LEADER)
+    result = sim.step()
+    # The shared pod's death leaves no world of any pod up: all are replaced.
+    assert {d.pod for d in result.deletes} == {LEADER, W1_0, W1_1, W2_0}
 
 
 def test_shared_pod_dying_after_one_of_its_worlds_moved_on_fails_that_world_once() -> None:
@@ -211,7 +227,9 @@ def test_report_at_current_epoch_fails_the_world_and_keeps_the_shared_pod() -> N
     sim = running()
     sim.report("world2", epoch=1, pod=W2_0, peer_rank=0)
     result = sim.step()
-    assert {d.pod for d in result.deletes} == {W2_0}
+    # The named leader holds a rank in the healthy world1 (a frozen process would break that
+    # too): it stays, as does the reporter; both join world2's epoch 2.
+    assert result.deletes == []
     assert sim.epoch("world2") == 2 and sim.epoch("world1") == 1
     failure = result.status.worlds["world2"].last_failure
     assert failure is not None
@@ -219,6 +237,8 @@ def test_report_at_current_epoch_fails_the_world_and_keeps_the_shared_pod() -> N
     assert "peer timed out" in failure.message and W2_0 in failure.message
 
 
+# failurePolicy.joinTimeout's default: the planner looks again then at a kept pod not seen joining.
+JOIN_TIMEOUT_S = 300.0
 JOIN_TIMED_OUT = "join failed: world 'world1' epoch 1: timed out waiting for rank(s) 2"
 
 
@@ -382,7 +402,8 @@ def test_restarts_older_than_the_window_do_not_count() -> None:
     assert sim.world_phase("world2") == "Recovering" and sim.epoch("world2") == 3
     assert result.status.worlds["world2"].restarts == 2
     assert result.status.worlds["world2"].recent_restarts == [sim.now]
-    assert result.requeue_after is None  # the window is empty again: no backoff
+    assert result.status.worlds["world2"].restart_at is None  # the window is empty again: no backoff
+    assert result.requeue_after == JOIN_TIMEOUT_S  # the kept leader's join is still to be seen
 
 
 def test_backoff_delays_the_second_restart() -> None:
@@ -408,7 +429,7 @@ def test_backoff_delays_the_second_restart() -> None:
     assert [(e.reason, e.world) for e in result.events] == [("WorldRestarting", "world2")]
     assert [(w.name, w.epoch) for w in result.table.worlds] == [("world1", 1), ("world2", 3)]
     assert [(c.pod, c.created_for) for c in result.creates] == [(W2_0, {"world2": 3})]
-    assert result.requeue_after is None and sim.epoch("world2") == 3
+    assert result.requeue_after == JOIN_TIMEOUT_S and sim.epoch("world2") == 3
 
 
 def test_backoff_grows_and_is_capped() -> None:
@@ -420,7 +441,7 @@ def test_backoff_grows_and_is_capped() -> None:
         waits.append(result.requeue_after)
         sim.advance(result.requeue_after or 0)
         sim.settle()
-    assert waits == [None, 2, 4, 5]
+    assert waits == [JOIN_TIMEOUT_S, 2, 4, 5]  # no backoff first: the planner looks again at the join timeout
     assert sim.epoch("world2") == 5 and sim.world_phase("world2") == "Running"
 
 
@@ -689,31 +710,32 @@ def test_a_failed_world_is_played_by_ready_spares_and_the_pool_refills() -> None
     sim = with_spares()
     sim.fail(W1_1)
     result = sim.step()
-    assert {(a.pod, a.plays) for a in result.assigns} == {("mw-w1-spare-a", W1_0), ("mw-w1-spare-b", W1_1)}
+    # One death takes one spare: the live w1-0 stays and joins epoch 2.
+    assert {(a.pod, a.plays) for a in result.assigns} == {("mw-w1-spare-a", W1_1)}
     assert not [c for c in result.creates if not c.spare], "a pod was created although spares were ready"
     (entry,) = [w for w in result.table.worlds if w.name == "world1"]
-    assert entry.epoch == 2 and entry.pods == [LEADER, "mw-w1-spare-a", "mw-w1-spare-b"]
-    assert entry.plays == {"mw-w1-spare-a": W1_0, "mw-w1-spare-b": W1_1}
-    assert entry.instances == {LEADER: 1, "mw-w1-spare-a": 2, "mw-w1-spare-b": 2}
-    assert {d.pod: d.reason for d in result.deletes}[W1_0] == "replaced by warm spare mw-w1-spare-a"
-    assert result.status.view()["playedBy"] == {W1_0: "mw-w1-spare-a", W1_1: "mw-w1-spare-b"}
+    assert entry.epoch == 2 and entry.pods == [LEADER, W1_0, "mw-w1-spare-a"]
+    assert entry.plays == {"mw-w1-spare-a": W1_1}
+    assert entry.instances == {LEADER: 1, W1_0: 1, "mw-w1-spare-a": 2}
+    assert {d.pod: d.reason for d in result.deletes}[W1_1] == "replaced by warm spare mw-w1-spare-a"
+    assert result.status.view()["playedBy"] == {W1_1: "mw-w1-spare-a"}
     assert ("SpareAssigned", None) in reasons(sim)
     sim.start_all()
     refill = sim.step()
     assert sim.world_phase("world1") == "Running"
-    assert sorted(c.pod for c in refill.creates if c.spare) == ["mw-w1-spare-c", "mw-w1-spare-d"]
+    assert sorted(c.pod for c in refill.creates if c.spare) == ["mw-w1-spare-c"]
     # A spare that plays fails like the pod it plays; the spare that took its place is new.
     sim.start_all()
     sim.step()
-    sim.fail("mw-w1-spare-b")
+    sim.fail("mw-w1-spare-a")
     failed = sim.step()
     assert sim.status is not None and sim.status.worlds["world1"].last_failure is not None
-    assert sim.status.worlds["world1"].last_failure.pod == "mw-w1-spare-b"
-    assert {d.pod for d in failed.deletes} == {"mw-w1-spare-a", "mw-w1-spare-b"}
+    assert sim.status.worlds["world1"].last_failure.pod == "mw-w1-spare-a"
+    assert {d.pod for d in failed.deletes} == {"mw-w1-spare-a"}
     assert not failed.assigns, "a world waiting out its backoff takes no spare"
     sim.advance(1)  # the second restart within the window waits 1 s
     result = sim.step()
-    assert {a.plays: a.pod for a in result.assigns} == {W1_0: "mw-w1-spare-c", W1_1: "mw-w1-spare-d"}
+    assert {a.plays: a.pod for a in result.assigns} == {W1_1: "mw-w1-spare-b"}
 
 
 def test_without_a_ready_spare_the_pod_is_created_as_before() -> None:
@@ -724,7 +746,7 @@ def test_without_a_ready_spare_the_pod_is_created_as_before() -> None:
     sim.step()
     result = sim.step()
     assert not result.assigns
-    assert sorted(c.pod for c in result.creates) == [W1_0, W1_1]
+    assert sorted(c.pod for c in result.creates) == [W1_1]
 
 
 def test_spares_of_an_older_template_are_deleted_and_never_play() -> None:
@@ -767,3 +789,79 @@ def test_a_spare_that_plays_rank_0_hosts_the_rendezvous_under_its_own_name() -> 
     (entry,) = sim.step().table.worlds
     assert entry.pods == ["mw-a-spare-a", "mw-b-0"] and entry.host == "mw-a-spare-a.svc"
     assert entry.assignment("mw-a-spare-a").rank == 0
+
+
+# -- which pods a failure replaces (failurePolicy.replace: Pod) ------------------------------
+
+
+def test_a_pod_named_by_a_live_peer_is_replaced_and_the_others_stay() -> None:
+    """A frozen w1-1 is Running to the platform: the leader names it (rank 2) and it goes."""
+    sim = running()
+    sim.frozen.add(W1_1)
+    sim.report("world1", epoch=1, pod=LEADER, peer_rank=2)
+    result = sim.step()
+    assert {d.pod: d.reason for d in result.deletes} == {W1_1: "named by a peer as the culprit of world world1 epoch 1"}
+    assert ("PodReplaced", None) in reasons(sim) and sim.epoch("world2") == 1
+    sim.frozen.clear()
+    sim.settle()
+    assert sim.world_phase("world1") == "Running" and sim.epoch("world1") == 2
+
+
+def test_two_pods_that_name_each_other_cancel_out_and_the_join_timeout_decides() -> None:
+    """A partition: w1-0 names w1-1 and w1-1 names w1-0. Neither is replaced on that word; the
+    one that cannot join the new epoch (here w1-1, frozen) goes after joinTimeout."""
+    sim = running(failurePolicy={"joinTimeout": "30s"})
+    sim.frozen.add(W1_1)
+    sim.report("world1", epoch=1, pod=W1_0, peer_rank=2)
+    sim.report("world1", epoch=1, pod=W1_1, peer_rank=1)
+    result = sim.step()
+    assert result.deletes == [] and sim.epoch("world1") == 2
+    assert result.requeue_after == 30
+    sim.start_all()  # every live worker joins what it can; the frozen one does not
+    sim.advance(29)
+    assert sim.step().deletes == []
+    sim.advance(1)
+    result = sim.step()
+    assert {d.pod: d.reason for d in result.deletes} == {W1_1: "did not join world world1 epoch 2 within 30s"}
+    assert sim.epoch("world1") == 2, "a late joiner's replacement joins the same epoch"
+    sim.frozen.clear()
+    sim.settle()
+    assert sim.world_phase("world1") == "Running" and sim.epoch("world2") == 1
+
+
+def test_a_kept_pod_that_is_joining_is_never_timed_out() -> None:
+    """w1-0 is joining epoch 2 while the replacement of w1-1 takes long to start (a model to
+    load): nobody is replaced for the wait."""
+    sim = running(failurePolicy={"joinTimeout": "10s"})
+    sim.fail(W1_1)
+    sim.step()
+    sim.step()  # w1-1 recreated: Pending
+    sim.advance(3600)
+    result = sim.step()
+    assert result.deletes == [] and sim.pods[W1_0].joining == {"world1": 2}
+
+
+def test_a_kept_shared_pod_silent_past_the_timeout_takes_its_other_worlds_along() -> None:
+    sim = running(failurePolicy={"joinTimeout": "10s"})
+    sim.frozen.add(LEADER)
+    sim.fail(W1_1)
+    sim.step()
+    sim.advance(10)
+    result = sim.step()
+    assert [d.pod for d in result.deletes] == [LEADER]
+    failure = result.status.worlds["world2"].last_failure
+    assert failure is not None and failure.reason == "PodReplaced" and sim.epoch("world2") == 2
+
+
+def test_a_pod_that_ends_after_its_world_broke_is_replaced_without_a_second_failure() -> None:
+    """The program stops when its world breaks (exit 0): its pod is replaced, the world's epoch
+    stays, and the world recovers with the new instance."""
+    sim = running()
+    sim.fail(W1_1)
+    sim.step()
+    sim.set_phase(W1_0, "Succeeded")
+    result = sim.step()
+    assert {d.pod: d.reason for d in result.deletes} == {W1_0: "ended before it joined world world1 epoch 2"}
+    assert sim.epoch("world1") == 2 and result.status.worlds["world1"].restarts == 1
+    sim.settle()
+    assert sim.world_phase("world1") == "Running" and sim.epoch("world1") == 2

@@ -250,6 +250,9 @@ class WorkerStatus(_Model):
 
     pod: str
     joined: dict[str, int] = Field(default_factory=dict)
+    # The epoch it is joining per world (its rendezvous under way): a live process that follows
+    # the table, while the other members come.
+    joining: dict[str, int] = Field(default_factory=dict)
     errors: dict[str, int] = Field(default_factory=dict)
     # The process's own clock: when its program was ready (its imports done) and when it joined
     # each world it holds, so that a recovery's time can be split at the worker's side.

@@ -354,8 +354,9 @@ class WorldManager(PymultiworldFace):
                         self._start_join(a)
                     except WorldJoinError as exc:
                         log.warning("world table revision %d: %s", table.revision, exc)
-        if identified:
-            self._changed()
+        # Tells the platform that this process is joining the new epochs (it is alive and
+        # follows the table), and a spare's identity.
+        self._changed()
 
     def _superseded(self, table: WorldTable) -> bool:
         """Whether the table gives this pod's ranks to a newer instance of it; then leave every
@@ -519,6 +520,7 @@ class WorldManager(PymultiworldFace):
             return WorkerStatus(
                 pod=self.pod,
                 joined=joined,
+                joining={name: j.assignment.epoch for name, j in self._joins.items()},
                 errors=dict(self._errors),
                 started=self._started,
                 joined_at={name: self._joined_at[name] for name in joined},

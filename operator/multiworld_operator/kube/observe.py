@@ -196,6 +196,7 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
         started=pod.status.started,
         created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
         joined=None if worker is None else dict(worker.joined),
+        joining={} if worker is None else dict(worker.joining),
         warm=worker is not None and worker.waiting,
     )
     return SeenPod(

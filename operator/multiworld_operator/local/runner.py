@@ -119,6 +119,7 @@ class LocalRunner:
         # Per process: its member and ordinal (None: a warm spare, until it plays a member pod).
         self.members: dict[str, tuple[str, int | None]] = {}
         self.joined: dict[str, dict[str, int]] = {}
+        self.joining: dict[str, dict[str, int]] = {}
         self.warm: set[str] = set()  # spares whose worker waits for an identity
         self.reports: list[BrokenWorldReport] = []
         self.errors: dict[str, dict[str, int]] = {}  # errors per world, of finished incarnations
@@ -154,6 +155,7 @@ class LocalRunner:
         if status.pod not in self.procs:
             return
         self.joined[status.pod] = dict(status.joined)
+        self.joining[status.pod] = dict(status.joining)
         self.live_errors[status.pod] = dict(status.errors)
         if status.waiting:
             self.warm.add(status.pod)
@@ -175,6 +177,7 @@ class LocalRunner:
                     phase=phase,
                     created_for=self.created_for[name],
                     joined=self.joined.get(name, {}),
+                    joining=self.joining.get(name, {}),
                     warm=name in self.warm,
                 )
             )
@@ -208,6 +211,7 @@ class LocalRunner:
             self.errors.setdefault(world, {})
             self.errors[world][pod] = self.errors[world].get(pod, 0) + count
         self.joined.pop(pod, None)
+        self.joining.pop(pod, None)
         self.warm.discard(pod)
         self.members.pop(pod, None)  # a spare's name never comes back
 
@@ -222,6 +226,7 @@ class LocalRunner:
         self.created_for[action.pod] = dict(action.created_for)
         self.members[action.pod] = (action.member, action.ordinal)
         self.joined[action.pod] = {}
+        self.joining[action.pod] = {}
         asyncio.get_running_loop().create_task(self._watch_exit(proc))
 
     async def _watch_exit(self, proc: MemberProcess) -> None:

@@ -14,7 +14,7 @@ Public API (stable; both platforms call it the same way):
                                             # all of it, .view() the CR's status; merge_patch(old,
                                             # new) the JSON merge patch between two such dicts
     result.table                            # contract.WorldTable for the workers (= status.table)
-    result.requeue_after                    # seconds until a backoff ends, or None
+    result.requeue_after                    # seconds until a backoff or a join timeout ends, or None
 
 - `status` is what the previous plan returned (`MultiWorldStatus.from_dict(stored)`), or
   None the first time. Re-planning the same observation is harmless: same status, no new epoch,

@@ -1,6 +1,6 @@
 """The pure decision: spec + previous status + observation -> Plan. No I/O, no clock.
 
-Rules (DESIGN.md, "Recovery semantics"):
+Rules (docs/architecture.md, "Recovery semantics"):
 - Every world has an epoch, 1 at first. A world that is up (Pending, Running or Recovering and
   not waiting for a backoff) fails when one of its pods fails, disappears after it was seen, or a
   worker reports it broken at its current epoch (reports for other epochs are ignored).
@@ -11,9 +11,18 @@ Rules (DESIGN.md, "Recovery semantics"):
 - A pod instance that ends fails only the worlds whose current epoch it was made for or joined
   (or may have: when nothing says what it joined). A shared pod kept for a world's new epoch
   that dies before joining it fails that world no second time: its replacement joins the epoch.
-- A dead pod is replaced. A live pod of a world that just failed is replaced only when all its
-  worlds have failed (none is up other than by restarting from this failure); any other pod
-  stays and joins the new epoch through the table.
+- Which pods a failure costs (`failurePolicy.replace`). `Pod`, the default: only what is gone.
+  A pod that ended is replaced (failed, deleted, or finished before it joined its world's
+  current epoch: a program that stops when its world breaks); so is a pod a live peer's report
+  names as the culprit, and a kept pod that, `joinTimeout` after its world's epoch opened, has
+  neither joined it nor is joining it (a frozen process is Running to Kubernetes). Two pods
+  that name each other (a partition, or one broken link) cancel out: neither is named, both
+  stay, and the new epoch's join decides between them. A named pod that still holds a rank in
+  a healthy world stays too (a frozen process would break that world as well): one report
+  never moves a healthy world; the join timeout decides. Every other pod stays and joins the
+  new epoch through the table. `World`: a live pod of a world that just failed is also
+  replaced when all its worlds have failed (none is up other than by restarting from this
+  failure). A replaced pod fails the other worlds whose current epoch it took part in.
 - A pod exists while at least one of its worlds is up (or it finished); pods of Failed worlds
   only, of removed members, or unknown instances are deleted.
 - Spec edits: new worlds start at epoch 1, removed ones leave the table, a world whose expanded
@@ -34,7 +43,7 @@ from datetime import timedelta
 
 from multiworld.contract import JOIN_FAILED, Backend, BrokenWorldReport, WorldEntry, WorldTable
 
-from ..spec import MultiWorld, spare_name
+from ..spec import MultiWorld, parse_duration, spare_name
 from .model import (
     Action,
     AssignSpare,
@@ -124,6 +133,11 @@ class _Planning:
         self.assigns: list[AssignSpare] = []
         self.creates: list[CreatePod] = []
         self.events: list[EmitEvent] = []
+        # Per world: the member pods live peers name as the culprit at its current epoch.
+        self.culprits: dict[str, set[str]] = {}
+        # Worlds that failed in this step, and why each replaced pod goes.
+        self.failed_now: set[str] = set()
+        self.replaced: dict[str, str] = {}
 
     def run(self) -> Plan:
         self._apply_spec()
@@ -133,7 +147,14 @@ class _Planning:
         failures = self._detect_failures()
         for world, failure in failures.items():
             self._fail(world, failure)
-        self._replace_orphans(failures)
+        self._replace_after(failures)
+        # A replacement fails the pod's other worlds, which may leave more pods ended before, or
+        # silent in, a new epoch: until nothing more goes (each round removes a record).
+        replaced = -1
+        while replaced != len(self.replaced):
+            replaced = len(self.replaced)
+            self._replace_ended()
+            self._replace_late_joiners()
         self._finish_worlds()
         self._assign_spares()
         table = self._table()
@@ -154,11 +175,15 @@ class _Planning:
             pods, backend = self.mw.world_pods(world.name), self.backend_of(world.name)
             old = self.previous.worlds.get(world.name)
             if old is None:
-                self.worlds[world.name] = WorldStatus(size=len(pods), pods=pods, backend=backend)
+                self.worlds[world.name] = WorldStatus(
+                    size=len(pods), pods=pods, backend=backend, epoch_started=self.now
+                )
                 if not self.first:
                     self._event("Normal", "WorldAdded", world.name, f"world {world.name} added with {len(pods)} ranks")
                 continue
             current = old.model_copy()
+            if current.epoch_started is None:  # a status written before the field existed
+                current.epoch_started = self.now
             if old.pods != pods or old.backend != backend:
                 current.epoch += 1
                 current.size, current.pods, current.backend = len(pods), pods, backend
@@ -167,7 +192,7 @@ class _Planning:
                     # An edited definition gets a fresh restart budget.
                     current.recent_restarts, current.restart_at = [], None
                 if current.restart_at is None:
-                    current.phase = "Pending"
+                    current.phase, current.epoch_started = "Pending", self.now
                 self._event(
                     "Normal",
                     "WorldChanged",
@@ -215,14 +240,29 @@ class _Planning:
                         message=f"pod {instance} ({playing}rank {rank}) {'failed' if ours else 'was deleted'}"
                         + (f": {seen.message}" if ours and seen is not None and seen.message else ""),
                     )
+        accusations: dict[str, dict[str, str]] = {}  # world -> reporting member pod -> the one it names
         for report in self.reports:
             reported = self.worlds.get(report.world)
-            if reported is None or not reported.up or report.epoch != reported.epoch or report.world in failures:
+            if reported is None or not reported.up or report.epoch != reported.epoch:
                 continue
             if report.reason.startswith(JOIN_FAILED) and self._a_rank_was_not_running(report, reported):
                 continue  # slow scheduling or start-up is not a failure: the members keep waiting
-            failures[report.world] = self._report_failure(report, reported)
+            reporter, named = report.plays or report.pod, self._named(report, reported)
+            if named is not None and reporter in reported.pods and named != reporter:
+                accusations.setdefault(report.world, {})[reporter] = named
+            if report.world not in failures:
+                failures[report.world] = self._report_failure(report, reported)
+        for world, named_by in accusations.items():
+            # Two pods that name each other cancel out (see the module's rules).
+            self.culprits[world] = {named for by, named in named_by.items() if named_by.get(named) != by}
         return failures
+
+    @staticmethod
+    def _named(report: BrokenWorldReport, state: WorldStatus) -> str | None:
+        """The member pod a report names as the culprit, if it names one of the world's ranks."""
+        if report.peer_rank is not None and 0 <= report.peer_rank < state.size:
+            return state.pods[report.peer_rank]
+        return None
 
     def _a_rank_was_not_running(self, report: BrokenWorldReport, state: WorldStatus) -> bool:
         """Whether some pod of the world is not running now, or started after the report."""
@@ -248,6 +288,7 @@ class _Planning:
         policy = self.mw.world(world).failure_policy
         since = self.now - timedelta(seconds=policy.window_seconds)
         recent = [t for t in state.recent_restarts if t > since]
+        self.failed_now.add(world)
         state.last_failure, state.recent_restarts, state.ready_ranks = failure, recent, 0
         cause = f"world {world} epoch {failure.epoch} failed: {failure.message}"
         if len(recent) >= policy.max_restarts:
@@ -265,6 +306,7 @@ class _Planning:
         state.recent_restarts = [*recent, self.now]
         state.phase = "Recovering"
         state.restart_at = self.now + timedelta(seconds=delay) if delay > 0 else None
+        state.epoch_started = state.restart_at or self.now
         when = f" in {delay:g}s" if delay > 0 else ""
         self._event(
             "Warning",
@@ -277,19 +319,95 @@ class _Planning:
     def _end_backoffs(self) -> None:
         for name, state in self.worlds.items():
             if state.restart_at is not None and self.now >= state.restart_at:
-                state.restart_at = None
+                state.restart_at, state.epoch_started = None, self.now
                 self._event(
                     "Normal", "WorldRestarting", name, f"world {name} backoff over; restarting at epoch {state.epoch}"
                 )
 
-    def _replace_orphans(self, failures: dict[str, Failure]) -> None:
-        """Live pods of the worlds that just failed are replaced when all their worlds have
-        failed: none is up other than by restarting from this very failure."""
-        for world in failures:
+    # -- which pods a failure costs --------------------------------------------------------
+
+    def _replace_after(self, failures: dict[str, Failure]) -> None:
+        """`replace: World`: live pods of a world that just failed go when all their worlds have
+        failed (none is up other than by restarting from this very failure). `Pod`: the pods
+        live peers named as the culprit go."""
+        for world, failure in failures.items():
+            if self.mw.world(world).failure_policy.replace == "World":
+                for pod in self.worlds[world].pods:
+                    healthy = [w for w in self.pod_worlds[pod] if self.worlds[w].up and w not in failures]
+                    if pod in self.records and not healthy:
+                        del self.records[pod]
+                continue
             for pod in self.worlds[world].pods:
-                healthy = [w for w in self.pod_worlds[pod] if self.worlds[w].up and w not in failures]
-                if pod in self.records and not healthy:
-                    del self.records[pod]
+                record = self.records.get(pod)
+                if record is not None and not record.observed and not record.spare:
+                    del self.records[pod]  # asked for, not made yet: asked again for the new epoch
+            for pod in sorted(self.culprits.get(world, ())):
+                if not any(self.worlds[w].up and w not in self.failed_now for w in self.pod_worlds[pod]):
+                    self._replace(pod, f"named by a peer as the culprit of world {world} epoch {failure.epoch}")
+
+    def _replace_ended(self) -> None:
+        """A pod that finished before it joined the current epoch of one of its worlds that is up
+        (its program stopped when that world broke) is replaced."""
+        for pod in self.pods:
+            seen = self._current(pod)
+            if seen is None or seen.phase != "Succeeded":
+                continue
+            record = self.records[pod]
+            for world in self.pod_worlds[pod]:
+                state = self.worlds[world]
+                if state.up and not _took_part(record, seen, world, state.epoch):
+                    self._replace(pod, f"ended before it joined world {world} epoch {state.epoch}")
+                    break
+
+    def _replace_late_joiners(self) -> None:
+        """A kept pod (made for an earlier epoch) that, `joinTimeout` after its world's epoch
+        opened, has neither joined that epoch nor is joining it is replaced."""
+        for name, state in self.worlds.items():
+            if not state.up or state.epoch_started is None:
+                continue
+            timeout = self.mw.world(name).failure_policy.join_timeout
+            if self.now < state.epoch_started + timedelta(seconds=parse_duration(timeout)):
+                continue
+            for pod in state.pods:
+                if self._silent(pod, name, state.epoch):
+                    self._replace(pod, f"did not join world {name} epoch {state.epoch} within {timeout}")
+
+    def _silent(self, pod: str, world: str, epoch: int) -> bool:
+        """Whether `pod` was kept from an earlier epoch of `world` and its running worker shows
+        neither that it joined `epoch` nor that it is joining it (unknown: not silent)."""
+        record, seen = self.records.get(pod), self._current(pod)
+        if record is None or seen is None or seen.phase != "Running" or seen.joined is None:
+            return False
+        if record.created_for.get(world, 0) >= epoch:
+            return False  # made for this epoch: a slow start is not silence
+        return seen.joined.get(world) != epoch and seen.joining.get(world) != epoch
+
+    def _replace(self, pod: str, why: str) -> None:
+        """Replace member pod `pod`'s instance; every other world whose current epoch it took
+        part in fails with it (a shared pod that goes breaks each of its worlds)."""
+        record = self.records.get(pod)
+        if record is None:
+            return
+        seen = self._current(pod)
+        del self.records[pod]
+        instance = record.spare or pod
+        self.replaced[pod] = why
+        self._event("Normal", "PodReplaced", None, f"pod {instance} replaced: {why}")
+        for world in self.pod_worlds[pod]:
+            state = self.worlds[world]
+            if state.up and world not in self.failed_now and _took_part(record, seen, world, state.epoch):
+                rank = state.pods.index(pod)
+                self._fail(
+                    world,
+                    Failure(
+                        time=self.now,
+                        reason="PodReplaced",
+                        pod=instance,
+                        rank=rank,
+                        epoch=state.epoch,
+                        message=f"pod {instance} (rank {rank}) replaced: {why}",
+                    ),
+                )
 
     # -- pods --------------------------------------------------------------------------------
 
@@ -371,6 +489,8 @@ class _Planning:
     def _delete_reason(self, seen: PodObservation, record: PodRecord | None) -> str:
         if record is not None and record.spare:
             return f"replaced by warm spare {record.spare}"
+        if seen.name in self.replaced:
+            return self.replaced[seen.name]
         wanted = any(self.worlds[w].up for w in self.pod_worlds[seen.name])
         if seen.phase == "Failed":
             return "failed; replaced by a new instance" if wanted else "failed"
@@ -608,7 +728,17 @@ class _Planning:
         return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since)
 
     def _requeue_after(self) -> float | None:
+        """Until the next backoff ends, or the next join timeout of a world with a silent pod."""
         waits = [(s.restart_at - self.now).total_seconds() for s in self.worlds.values() if s.restart_at]
+        for name, state in self.worlds.items():
+            if (
+                state.up
+                and state.epoch_started is not None
+                and any(self._silent(pod, name, state.epoch) for pod in state.pods)
+            ):
+                timeout = parse_duration(self.mw.world(name).failure_policy.join_timeout)
+                deadline = state.epoch_started + timedelta(seconds=timeout)
+                waits.append(max(0.0, (deadline - self.now).total_seconds()))
         return min(waits) if waits else None
 
     def _event(self, type_: EventType, reason: str, world: str | None, message: str) -> None:

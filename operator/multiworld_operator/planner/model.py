@@ -34,6 +34,8 @@ class PodObservation(_Model):
     phase: PodPhase
     created_for: dict[str, int] = Field(default_factory=dict)
     joined: dict[str, int] | None = None
+    # The epoch its worker is joining per world (WorkerStatus.joining), when the platform knows.
+    joining: dict[str, int] = Field(default_factory=dict)
     # Why a Failed pod ended, in its own words (a container's termination message), if it said.
     message: str = ""
     # Why a pod that is not Running yet waits (unschedulable, pulling its image, ...), if known.

@@ -34,7 +34,8 @@ class _StatusModel(BaseModel):
 
 
 class Failure(_StatusModel):
-    """Why a world's epoch ended: `reason` is PodFailed, PodDeleted or WorldBroken."""
+    """Why a world's epoch ended: `reason` is PodFailed, PodDeleted, WorldBroken or PodReplaced
+    (a pod it shares with another world was replaced for that world)."""
 
     time: datetime
     reason: str
@@ -64,6 +65,9 @@ class WorldStatus(WorldView):
 
     # Restarts still inside the failure policy's window (oldest first).
     recent_restarts: list[datetime] = Field(default_factory=list)
+    # When the current epoch opened (a failure, a spec edit, a backoff's end): a kept pod that
+    # has not joined it `joinTimeout` later is replaced.
+    epoch_started: datetime | None = None
     # The rank list and backend this epoch was formed with; a spec edit that changes them
     # starts a new epoch.
     pods: list[str] = Field(default_factory=list)
