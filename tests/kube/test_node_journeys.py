@@ -150,10 +150,18 @@ def test_all_gather_runs_on_the_node(
 
 
 def _kill_and_check(
-    cluster: Cluster, operator: Operator, kube: KubeNamespace, name: str, victim: str, how: str, epoch: int
+    cluster: Cluster,
+    operator: Operator,
+    kube: KubeNamespace,
+    name: str,
+    victim: str,
+    how: str,
+    epoch: int,
+    replaced: tuple[str, ...],
 ) -> None:
     """Fail world1 through `victim` (`how`: SIGKILL through the runtime, or kubectl delete);
-    only world1's exclusive pods come back, world1 runs at `epoch`, world2 never notices."""
+    exactly the `replaced` pods come back as new pods, world1 runs at `epoch`, world2 never
+    notices."""
     before = kube.uids(name)
     pod = kube.pods(name)[f"{name}-{victim}"]
     if how == "kubectl delete":
@@ -163,10 +171,9 @@ def _kill_and_check(
     _wait_running(kube, name, {"world1": epoch, "world2": 1})
     after = kube.uids(name)
     assert set(after) == set(before)
-    for member in ("leader-0", *EXCLUSIVE["world2"]):
-        assert after[f"{name}-{member}"] == before[f"{name}-{member}"], f"{member} was replaced"
-    for member in EXCLUSIVE["world1"]:
-        assert after[f"{name}-{member}"] != before[f"{name}-{member}"], f"{member} was not replaced"
+    for member in ("leader-0", *EXCLUSIVE["world1"], *EXCLUSIVE["world2"]):
+        changed = after[f"{name}-{member}"] != before[f"{name}-{member}"]
+        assert changed == (member in replaced), f"{member}: replaced {changed}, expected {member in replaced}"
     _wait_log(cluster, operator, f"{name}-leader-0", f"world1 rejoined at epoch {epoch}")
 
 
@@ -182,9 +189,19 @@ def _assert_world2_untouched(cluster: Cluster, operator: Operator, kube: KubeNam
 def test_killed_worker_costs_only_its_world(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str, tmp_path: Path
 ) -> None:
+    """Only the dead pod is replaced (the default, `replace: Pod`): w1-0 joins world1's epoch 2
+    in its own pod. Then world1's failure policy says `replace: World`: deleting w1-0 restarts
+    both of world1's exclusive pods."""
     name = all_gather
-    _kill_and_check(kube_node, operator, kube, name, "w1-1", "SIGKILL", epoch=2)
-    _kill_and_check(kube_node, operator, kube, name, "w1-0", "kubectl delete", epoch=3)
+    _kill_and_check(kube_node, operator, kube, name, "w1-1", "SIGKILL", epoch=2, replaced=("w1-1",))
+    _wait_log(kube_node, operator, f"{name}-w1-0", "world1 rejoined at epoch 2")
+    manifest = json.loads(kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "-o", "json"))
+    worlds = [
+        {**w, "failurePolicy": {"replace": "World"}} if w["name"] == "world1" else w for w in manifest["spec"]["worlds"]
+    ]
+    kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
+            "-p", json.dumps({"spec": {"worlds": worlds}}))  # fmt: skip
+    _kill_and_check(kube_node, operator, kube, name, "w1-0", "kubectl delete", epoch=3, replaced=EXCLUSIVE["world1"])
     _assert_world2_untouched(kube_node, operator, kube, name)
     described = kubectl(kube_node, "describe", "mw", name, "-n", operator.apps)
     events = described[described.index("Events:") :]
@@ -228,12 +245,14 @@ def test_frozen_worker_is_replaced(
         return None
 
     report = wait_for("a live member's report of world1 broken on its Pod", reported, WAIT_S)
-    assert report.epoch == 1
+    assert report.epoch == 1 and report.peer_rank == 1, report  # it names the frozen rank
     _wait_running(kube, name, {"world1": 2, "world2": 1})
     after = kube.uids(name)
     assert after[f"{name}-w1-0"] != before[f"{name}-w1-0"], "the frozen pod was not replaced"
-    for member in ("leader-0", *EXCLUSIVE["world2"]):
-        assert after[f"{name}-{member}"] == before[f"{name}-{member}"]
+    for member in ("leader-0", "w1-1", *EXCLUSIVE["world2"]):
+        assert after[f"{name}-{member}"] == before[f"{name}-{member}"], f"{member} was replaced"
+    replaced = " ".join(e.message for e in kube.events(name) if e.reason == "PodReplaced")
+    assert f"pod {name}-w1-0 replaced: named by a peer" in replaced, replaced
     _assert_world2_untouched(kube_node, operator, kube, name)
 
 
@@ -385,18 +404,18 @@ def _spares_ready(kube: KubeNamespace, name: str, member: str, count: int) -> di
 def test_warm_spares_take_a_killed_members_place(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
 ) -> None:
-    """w1 keeps two warm spares (world1's exclusive pods: its recovery replaces both). A killed
-    w1 pod's world comes back with the spares playing w1-0 and w1-1 under their own names,
-    labelled and shown in the status; the pool refills; world2 and the leader never notice.
-    Then w1's template changes: the spares of the old template go, and a kill before the new
-    ones are warm takes the old path (pods of the members' own names)."""
+    """w1 keeps one warm spare: one death takes one spare. A killed w1-1's world comes back with
+    the spare playing w1-1 under its own name, labelled and shown in the status, and w1-0 in its
+    own pod; the pool refills; world2 and the leader never notice. Then w1's template changes:
+    the spare of the old template goes, and a kill before the new one is warm takes the old path
+    (a pod of the member's own name, of the new template)."""
     name = "spares"
-    path = example_manifest("all_gather", name, tmp_path, spares={"w1": 2})
+    path = example_manifest("all_gather", name, tmp_path, spares={"w1": 1})
     kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
     try:
         _wait_running(kube, name, {"world1": 1, "world2": 1})
-        spares = _spares_ready(kube, name, "w1", 2)
-        assert sorted(spares) == [f"{name}-w1-spare-a", f"{name}-w1-spare-b"]
+        spares = _spares_ready(kube, name, "w1", 1)
+        assert sorted(spares) == [f"{name}-w1-spare-a"]
         shown = kubectl(kube_node, "get", "pods", "-n", operator.apps, "-l", "multiworld.io/spare", "--no-headers")
         assert sorted(line.split()[0] for line in shown.splitlines()) == sorted(spares), shown
         _wait_log(kube_node, operator, f"{name}-leader-0", "rank: 0 from world1 has gathered tensors: ")
@@ -405,24 +424,25 @@ def test_warm_spares_take_a_killed_members_place(
         signal_container(kube_node, kube.pods(name)[f"{name}-w1-1"], "SIGKILL")
         status = _wait_running(kube, name, {"world1": 2, "world2": 1})
         played = status["playedBy"]
-        assert sorted(played) == [f"{name}-w1-0", f"{name}-w1-1"] and set(played.values()) == set(spares), played
+        assert played == {f"{name}-w1-1": f"{name}-w1-spare-a"}, played
         pods = kube.pods(name)
         for member_pod, spare in played.items():
             labels = pods[spare].metadata.labels
             assert labels["multiworld.io/plays"] == member_pod and labels["multiworld.io/member"] == "w1", labels
             assert pods[spare].metadata.uid == before[spare], "a spare plays in the pod it was started in"
             assert member_pod not in pods, f"{member_pod} was created although a spare plays it"
-        for member in ("leader-0", *EXCLUSIVE["world2"]):
+        for member in ("leader-0", "w1-0", *EXCLUSIVE["world2"]):
             assert pods[f"{name}-{member}"].metadata.uid == before[f"{name}-{member}"], f"{member} was replaced"
         table = kube.table(name)["world1"]
-        assert table["pods"][1:] == [played[f"{name}-w1-0"], played[f"{name}-w1-1"]], table
+        assert table["pods"][1:] == [f"{name}-w1-0", played[f"{name}-w1-1"]], table
         _wait_log(kube_node, operator, f"{name}-leader-0", "world1 rejoined at epoch 2")
+        _wait_log(kube_node, operator, f"{name}-w1-0", "world1 rejoined at epoch 2")
         _wait_log(kube_node, operator, played[f"{name}-w1-1"], "rank: 2 has tensor")
         events = " ".join(e.message for e in kube.events(name) if e.reason == "SpareAssigned")
-        assert f"plays {name}-w1-1" in events and f"plays {name}-w1-0" in events, events
+        assert f"plays {name}-w1-1" in events and f"plays {name}-w1-0" not in events, events
 
-        refilled = _spares_ready(kube, name, "w1", 2)
-        assert sorted(refilled) == [f"{name}-w1-spare-c", f"{name}-w1-spare-d"], sorted(refilled)
+        refilled = _spares_ready(kube, name, "w1", 1)
+        assert sorted(refilled) == [f"{name}-w1-spare-b"], sorted(refilled)
         _assert_world2_untouched(kube_node, operator, kube, name)
 
         # A new template for w1: its spares of the old one are deleted, and not one plays.
@@ -435,15 +455,15 @@ def test_warm_spares_take_a_killed_members_place(
         kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
                 "-p", json.dumps({"spec": {"members": members}}))  # fmt: skip
         wait_for("w1's spares of the old template gone", lambda: not set(refilled) & set(kube.pods(name)), WAIT_S)
-        signal_container(kube_node, kube.pods(name)[played[f"{name}-w1-0"]], "SIGKILL")
+        signal_container(kube_node, kube.pods(name)[played[f"{name}-w1-1"]], "SIGKILL")
         status = _wait_running(kube, name, {"world1": 3, "world2": 1})
         assert not status.get("playedBy"), status.get("playedBy")
         pods = kube.pods(name)
-        for member in EXCLUSIVE["world1"]:
-            env = {e.name: e.value for e in pods[f"{name}-{member}"].spec.containers[0].env or []}
-            assert env.get("TEMPLATE_EDIT") == "1", f"{member} is not of w1's new template"
-        assert not set(played.values()) & set(pods), "the spares that played were not deleted"
-        _spares_ready(kube, name, "w1", 2)
+        env = {e.name: e.value for e in pods[f"{name}-w1-1"].spec.containers[0].env or []}
+        assert env.get("TEMPLATE_EDIT") == "1", "w1-1 is not of w1's new template"
+        assert pods[f"{name}-w1-0"].metadata.uid == before[f"{name}-w1-0"], "the live w1-0 was replaced"
+        assert not set(played.values()) & set(pods), "the spare that played was not deleted"
+        _spares_ready(kube, name, "w1", 1)
         _assert_world2_untouched(kube_node, operator, kube, name)
     finally:
         kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")

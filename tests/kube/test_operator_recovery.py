@@ -1,7 +1,8 @@
 """World-scoped recovery: a failed, deleted or reported-broken world gets a new epoch and only
-the pods exclusive to it are replaced; the shared leader keeps running (same uid) and learns
-the new epoch from the world table; the other world is not touched. A shared pod's death fails
-every world it is in. An exhausted restart budget fails that world alone."""
+the pod that is gone (or that a peer's report names) is replaced; every other pod keeps running
+(same uid) and learns the new epoch from the world table; the other world is not touched. A
+shared pod's death fails every world it is in. An exhausted restart budget fails that world
+alone."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from multiworld_operator.kube.controller import RESYNC_S
 pytestmark = pytest.mark.kube
 
 PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
-A_PODS = {"mw-a-0", "mw-a-1"}
 B_PODS = {"mw-b-0", "mw-b-1"}
 
 
@@ -45,11 +45,12 @@ def test_exclusive_pod_failure_restarts_its_world_only(scene: Scene) -> None:
     status = kube.wait_running(epochs={"wa": 2, "wb": 1})
     after = kube.uids()
 
-    assert all(after[p] != before[p] for p in A_PODS)  # the world's exclusive pods are new
-    assert {p: after[p] for p in PODS - A_PODS} == {p: before[p] for p in PODS - A_PODS}
+    assert after["mw-a-0"] != before["mw-a-0"]  # only the dead pod is new
+    assert {p: after[p] for p in PODS - {"mw-a-0"}} == {p: before[p] for p in PODS - {"mw-a-0"}}
     pods = kube.pods()
-    assert created_for(pods["mw-a-1"]) == {"wa": 2}
-    assert created_for(pods["mw-leader-0"]) == {"wa": 1, "wb": 1}  # the leader stayed; the table moved on
+    assert created_for(pods["mw-a-0"]) == {"wa": 2}
+    assert created_for(pods["mw-a-1"]) == {"wa": 1}  # it stayed; the table moved on
+    assert created_for(pods["mw-leader-0"]) == {"wa": 1, "wb": 1}
     table = {name: w["epoch"] for name, w in kube.table().items()}
     assert table == {"wa": 2, "wb": 1}
     wa = status["worlds"]["wa"]
@@ -71,9 +72,9 @@ def test_shared_pod_failure_restarts_every_world_it_is_in(scene: Scene) -> None:
     kubelet.fail("mw-leader-0")
     kube.wait_running(epochs={"wa": 2, "wb": 2})
 
-    after = replaced(kube, before, PODS)  # every world failed, so every pod is replaced
+    after = replaced(kube, before, {"mw-leader-0"})  # both worlds failed; only the dead pod is new
     assert created_for(kube.pods()["mw-leader-0"]) == {"wa": 2, "wb": 2}
-    assert set(after) == PODS
+    assert {p: after[p] for p in PODS - {"mw-leader-0"}} == {p: before[p] for p in PODS - {"mw-leader-0"}}
 
 
 def test_deleted_pod_counts_as_failed(scene: Scene) -> None:
@@ -83,8 +84,8 @@ def test_deleted_pod_counts_as_failed(scene: Scene) -> None:
     kube.core.delete_namespaced_pod("mw-b-1", kube.namespace)
     status = kube.wait_running(epochs={"wa": 1, "wb": 2})
 
-    after = replaced(kube, before, B_PODS)
-    assert {p: after[p] for p in PODS - B_PODS} == {p: before[p] for p in PODS - B_PODS}
+    after = replaced(kube, before, {"mw-b-1"})
+    assert {p: after[p] for p in PODS - {"mw-b-1"}} == {p: before[p] for p in PODS - {"mw-b-1"}}
     failure = status["worlds"]["wb"]["lastFailure"]
     assert (failure["reason"], failure["pod"], failure["rank"]) == ("PodDeleted", "mw-b-1", 2)
 
@@ -97,9 +98,8 @@ def test_member_report_restarts_the_reported_world(scene: Scene) -> None:
     kube.annotate("mw-leader-0", {REPORT_ANNOTATION: report.model_dump_json()})
     status = kube.wait_running(epochs={"wa": 2, "wb": 1})
 
-    after = replaced(kube, before, A_PODS)
-    assert after["mw-leader-0"] == before["mw-leader-0"]
-    assert {p: after[p] for p in B_PODS} == {p: before[p] for p in B_PODS}
+    after = replaced(kube, before, {"mw-a-1"})  # the pod the report names
+    assert {p: after[p] for p in PODS - {"mw-a-1"}} == {p: before[p] for p in PODS - {"mw-a-1"}}
     failure = status["worlds"]["wa"]["lastFailure"]
     assert (failure["reason"], failure["pod"], failure["rank"], failure["epoch"]) == ("WorldBroken", "mw-a-1", 2, 1)
     assert "all_reduce timed out (reported by mw-leader-0)" == failure["message"]

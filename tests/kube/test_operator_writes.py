@@ -71,12 +71,12 @@ def test_writes_per_world_failure_do_not_grow_with_the_worlds(scene: Scene) -> N
     large, large_events = failure_cost(scene, "large", 6)
 
     for cost in (small, large):
-        # The world's two exclusive pods: the failed one and its live peer, replaced once each.
-        assert (cost["DELETE", "pods", ""], cost["POST", "pods", ""]) == (2, 2)
+        # Only the failed pod, replaced once (its live peer stays and joins the new epoch).
+        assert (cost["DELETE", "pods", ""], cost["POST", "pods", ""]) == (1, 1)
         # The epoch bump, then at most one patch per replacement pod appearing and one running;
         # the operator's memory as often; the world's table entry for the new epoch and for the
         # new instances in it.
-        assert 1 <= cost["PATCH", "multiworlds", "status"] <= 1 + 2 * 2
+        assert 1 <= cost["PATCH", "multiworlds", "status"] <= 1 + 2 * 1
         assert cost["POST", "configmaps", ""] == cost["DELETE", "configmaps", ""] == 0
-        assert 2 <= cost["PUT", "configmaps", ""] <= 2 * (1 + 2 * 2)
+        assert 2 <= cost["PUT", "configmaps", ""] <= 2 * (1 + 2 * 1)
     assert small_events == large_events == Counter({"WorldFailed": 1, "WorldRecovered": 1})

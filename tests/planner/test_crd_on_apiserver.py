@@ -109,7 +109,12 @@ def test_server_defaults_agree_with_the_models(api: client.ApiClient) -> None:
     body["spec"]["worlds"][0]["failurePolicy"] = {"maxRestarts": 3}
     stored = _create(api, body)
     assert stored["spec"]["members"][0] == {"name": "leader", "replicas": 1, "spares": 0}
-    assert stored["spec"]["worlds"][0]["failurePolicy"] == {"maxRestarts": 3, "window": "1h"}
+    assert stored["spec"]["worlds"][0]["failurePolicy"] == {
+        "maxRestarts": 3,
+        "window": "1h",
+        "replace": "Pod",
+        "joinTimeout": "5m",
+    }
     assert parse_manifest(stored).spec == parse_manifest(body).spec
 
 
