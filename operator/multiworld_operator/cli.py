@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KILLS_PER_MINUTE",
         help="kill random members at this average rate, once every world ran",
     )
+    run.add_argument(
+        "--suspend",
+        metavar="AFTER:FOR",
+        help="set spec.suspend for FOR seconds, AFTER seconds after every world first ran: every member "
+        "stops, and each world comes back at its next epoch",
+    )
     run.add_argument("--seed", type=int, help="random seed for --chaos and random ordinals")
     run.add_argument("--log-dir", type=Path, help="where each member's output goes (default: a temp dir)")
     run.add_argument("--workdir", type=Path, help="working directory of the members (default: found from the command)")

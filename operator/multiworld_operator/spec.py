@@ -222,6 +222,12 @@ class MultiWorldSpec(_SpecModel):
         description="A NetworkPolicy admitting traffic to the pods only from this MultiWorld's own pods (any port: "
         "stores and communicators) and from anywhere on the ports the templates declare.",
     )
+    suspend: bool = Field(
+        default=False,
+        description="true deletes every pod and warm spare and keeps each world's epoch, history and restart "
+        "budget; false again brings them back, each world at its next epoch (what queueing systems such as Kueue "
+        "set to admit a workload).",
+    )
     members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS, description="Pods, declared once.")
     worlds: list[World] = Field(
         min_length=1, max_length=MAX_WORLDS, description="Communication groups, many-to-many with members."

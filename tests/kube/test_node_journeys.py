@@ -256,6 +256,45 @@ def test_frozen_worker_is_replaced(
     _assert_world2_untouched(kube_node, operator, kube, name)
 
 
+def test_suspend_deletes_every_pod_and_resume_brings_the_worlds_back(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str
+) -> None:
+    """spec.suspend: true (what Kueue sets): every pod goes, the MultiWorld shows Suspended and
+    keeps each world's epoch and restarts; false: the pods come back, each world at its next
+    epoch, and the leader steps in both again."""
+    name = all_gather
+    patch = lambda suspend: kubectl(  # noqa: E731
+        kube_node,
+        "patch",
+        "mw",
+        name,
+        "-n",
+        operator.apps,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"suspend": suspend}}),
+    )
+    patch(True)
+    wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
+    status = kube.status(name)
+    assert status["phase"] == "Suspended", status
+    assert {w: (s["phase"], s["epoch"], s["restarts"]) for w, s in status["worlds"].items()} == {
+        "world1": ("Suspended", 1, 0),
+        "world2": ("Suspended", 1, 0),
+    }
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Suspended"] == "True"
+    row = kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "--no-headers").split()
+    assert row[1] == "Suspended", row
+    patch(False)
+    _wait_running(kube, name, {"world1": 2, "world2": 2})
+    for world in ("world1", "world2"):
+        _wait_log(kube_node, operator, f"{name}-leader-0", f"rank: 0 from {world} has gathered tensors: ")
+    status = kube.status(name)
+    assert [status["worlds"][w]["restarts"] for w in ("world1", "world2")] == [0, 0]
+    reasons = {e.reason for e in kube.events(name)}
+    assert {"WorldSuspended", "WorldResumed"} <= reasons, reasons
+
+
 def test_operator_deleted_mid_recovery_converges(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str
 ) -> None:

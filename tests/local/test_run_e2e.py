@@ -267,3 +267,25 @@ def test_spares_flag_overrides_the_manifest(tmp_path):
     )
     recovered_once(summary, "world1")
     assert "SpareAssigned" not in summary["_stderr"] and "spare" not in " ".join(os.listdir(tmp_path / "logs"))
+
+
+def test_suspend_stops_every_member_and_resume_brings_each_world_back_at_its_next_epoch(tmp_path):
+    """`--suspend 4:6` sets spec.suspend for 6 s: every member process ends (no failure counted),
+    then each world is made anew at epoch 2 and runs again."""
+    summary = run(manifest(tmp_path, **SEED), tmp_path, "--suspend", "4:6", "--duration", "45")
+    out = summary["_stderr"]
+    assert "suspending: spec.suspend true" in out and "resuming: spec.suspend false" in out, out
+    assert "WorldSuspended" in out and "WorldResumed" in out, out
+    for name in ("world1", "world2"):
+        world = summary["worlds"][name]
+        assert (world["phase"], world["epoch"], world["failures"]) == ("Running", 2, 0), (name, out)
+    assert {starts(tmp_path, pod) for pod in ("leader-0", "w1-0", "w1-1", "w2-0", "w2-1")} == {2}, out
+    assert summary["_rc"] == 0
+
+
+def test_a_bad_suspend_flag_names_it(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "multiworld_operator.cli", "run", str(manifest(tmp_path, **SEED)), "--suspend", "4"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode != 0 and "--suspend '4': expected AFTER:FOR" in result.stderr, result.stderr

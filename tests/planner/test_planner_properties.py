@@ -91,6 +91,7 @@ FAULTS = st.one_of(
     st.tuples(st.just("report"), st.integers(0, 2), st.integers(-1, 0), st.integers(-1, 3)),
     st.tuples(st.just("advance"), st.sampled_from([1, 3, 8, 40, 400])),
     st.tuples(st.just("freeze"), st.integers(0, 7)),
+    st.tuples(st.just("suspend"), st.booleans()),
 )
 
 
@@ -123,6 +124,9 @@ def inject(sim: Sim, fault: tuple[Any, ...]) -> tuple[set[str], set[tuple[str, i
         return set(), {(world, epoch)}
     if kind == "advance":
         sim.advance(fault[1])
+    if kind == "suspend":
+        sim.mw = sim.mw.model_copy(update={"spec": sim.mw.spec.model_copy(update={"suspend": fault[1]})})
+        return set(sim.pods), set()  # every world may move
     return set(), set()
 
 
@@ -188,7 +192,7 @@ def check_replacements(sim: Sim, before: MultiWorldStatus, result: Plan) -> None
         worlds = sim.mw.worlds_of_pod(pod)
         if any(sim.mw.world(w).failure_policy.replace == "World" for w in worlds):
             continue
-        if not any(result.status.worlds[w].up for w in worlds):
+        if not any(result.status.worlds[w].up for w in worlds) or sim.mw.spec.suspend:
             continue
         named = any(
             r.peer_rank is not None
@@ -330,7 +334,7 @@ def test_every_surviving_world_comes_back(mw: MultiWorld, faults: list[tuple[Any
     sim = Sim(mw)
     sim.step()
     for fault in faults:
-        if fault[0] not in ("finish", "freeze"):  # a program that ends, or freezes, for good
+        if fault[0] not in ("finish", "freeze", "suspend"):  # ends, freezes or stops for good
             inject(sim, fault)
             sim.step()
     for _ in range(12):

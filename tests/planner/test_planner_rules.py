@@ -16,6 +16,7 @@ from multiworld_operator.planner import (
     merge_patch,
     plan,
 )
+from multiworld_operator.spec import MultiWorld
 
 LEADER, W1_0, W1_1, W2_0 = "mw-leader-0", "mw-w1-0", "mw-w1-1", "mw-w2-0"
 
@@ -865,3 +866,61 @@ def test_a_pod_that_ends_after_its_world_broke_is_replaced_without_a_second_fail
     assert sim.epoch("world1") == 2 and result.status.worlds["world1"].restarts == 1
     sim.settle()
     assert sim.world_phase("world1") == "Running" and sim.epoch("world1") == 2
+
+
+# -- suspend and resume -----------------------------------------------------------------------
+
+
+def suspended(mw: MultiWorld, suspend: bool) -> MultiWorld:
+    return mw.model_copy(update={"spec": mw.spec.model_copy(update={"suspend": suspend})})
+
+
+def test_suspend_deletes_every_pod_and_spare_and_keeps_each_worlds_history() -> None:
+    sim = with_spares()
+    sim.fail(W2_0)
+    sim.settle()
+    sim.start_all()
+    sim.step()
+    history = {n: (w.epoch, w.restarts, w.recent_restarts) for n, w in sim.status.worlds.items()}  # type: ignore[union-attr]
+    sim.mw = suspended(sim.mw, True)
+    result = sim.step()
+    assert {d.pod for d in result.deletes} == {LEADER, W1_0, W1_1, W2_0, "mw-w1-spare-a", "mw-w1-spare-b"}
+    assert all(d.reason.startswith(("the MultiWorld is suspended", "a warm spare beyond")) for d in result.deletes)
+    assert result.creates == [] and result.table.worlds == []
+    assert result.status.phase == "Suspended" and condition(result.status, "Suspended").status == "True"
+    assert {n: w.phase for n, w in result.status.worlds.items()} == {"world1": "Suspended", "world2": "Suspended"}
+    assert {n: (w.epoch, w.restarts, w.recent_restarts) for n, w in result.status.worlds.items()} == history
+    assert sorted(reasons(sim)) == [("WorldSuspended", "world1"), ("WorldSuspended", "world2")]
+    # Pods that go now are no failures, and nothing comes back while suspended.
+    sim.advance(600)
+    result = sim.step()
+    assert result.actions == [] and result.status.restarts == history["world2"][1]
+
+    sim.mw = suspended(sim.mw, False)
+    result = sim.step()
+    assert {n: (w.epoch, w.phase) for n, w in result.status.worlds.items()} == {
+        "world1": (2, "Pending"),
+        "world2": (3, "Pending"),
+    }
+    assert {c.pod: c.created_for for c in result.creates if not c.spare} == {
+        LEADER: {"world1": 2, "world2": 3},
+        W1_0: {"world1": 2},
+        W1_1: {"world1": 2},
+        W2_0: {"world2": 3},
+    }
+    assert condition(result.status, "Suspended").status == "False"
+    assert sorted(reasons(sim)) == [("WorldResumed", "world1"), ("WorldResumed", "world2")]
+    sim.settle()
+    assert sim.status is not None and sim.status.phase == "Running"
+    assert sim.status.worlds["world2"].restarts == history["world2"][1]  # the same budget goes on
+
+
+def test_a_failed_world_stays_failed_through_suspend_and_resume() -> None:
+    sim = running(failurePolicy={"maxRestarts": 0})
+    sim.fail(W2_0)
+    sim.step()
+    sim.mw = suspended(sim.mw, True)
+    sim.step()
+    sim.mw = suspended(sim.mw, False)
+    result = sim.step()
+    assert result.status.worlds["world2"].phase == "Failed" and result.status.worlds["world1"].epoch == 2

@@ -26,6 +26,33 @@ def parse_target(text: str) -> tuple[str, int | None]:
     return member, int(ordinal)
 
 
+@dataclass(frozen=True)
+class SuspendWindow:
+    """`--suspend AFTER:FOR`: spec.suspend is true from AFTER seconds after every world first ran,
+    for FOR seconds."""
+
+    start: float
+    end: float
+
+    def wanted(self, elapsed: float) -> bool:
+        return self.start <= elapsed < self.end
+
+    def next_change(self, elapsed: float) -> float | None:
+        """Seconds (on the same clock) of the next start or end still ahead of `elapsed`."""
+        return next((t for t in (self.start, self.end) if t > elapsed), None)
+
+
+def parse_suspend(text: str) -> SuspendWindow:
+    after, sep, length = text.partition(":")
+    try:
+        start, span = float(after), float(length)
+    except ValueError:
+        start = span = -1.0
+    if not sep or start < 0 or span <= 0:
+        raise ValueError(f"--suspend {text!r}: expected AFTER:FOR, seconds (AFTER >= 0, FOR > 0), e.g. 5:10")
+    return SuspendWindow(start, start + span)
+
+
 def planned_kills(targets: list[str], afters: list[float]) -> list[Kill]:
     """Pair each `--kill` with the `--after` in the same position."""
     if len(targets) != len(afters):

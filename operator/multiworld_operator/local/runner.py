@@ -40,7 +40,7 @@ from ..planner import (
 )
 from ..spec import MultiWorld, SpecError, load_manifest, parse_manifest
 from .channel_server import ChannelServer
-from .faults import FaultSchedule, Kill, planned_kills
+from .faults import FaultSchedule, Kill, SuspendWindow, parse_suspend, planned_kills
 from .gpus import cuda_device_count, gpu_env
 from .processes import (
     RUN_ENV,
@@ -89,6 +89,7 @@ class LocalRunner:
         *,
         manifest_dir: Path,
         kills: list[Kill],
+        suspend: SuspendWindow | None = None,
         chaos_per_minute: float = 0.0,
         duration: float | None = None,
         seed: int | None = None,
@@ -97,6 +98,7 @@ class LocalRunner:
         view: LiveView | None = None,
     ) -> None:
         self.mw = multiworld
+        self.suspend = suspend
         self.duration = duration
         self.rng = random.Random(seed)
         self.faults = FaultSchedule(kills, chaos_per_minute, [m.name for m in multiworld.spec.members], self.rng)
@@ -303,6 +305,7 @@ class LocalRunner:
                 fault_clock = time.monotonic() - self.up_since if self.up_since is not None else -1.0
                 for kill in self.faults.due(fault_clock):
                     self._inject(kill)
+                self._follow_suspend(fault_clock)
                 self.changed.clear()
                 result = plan(
                     self.mw, self.status, self._observe(), endpoint=endpoint, backend_of=self.backends.__getitem__
@@ -316,10 +319,12 @@ class LocalRunner:
                 if self._finished():
                     break
                 next_fault = self.faults.next_at()
+                next_switch = None if self.suspend is None else self.suspend.next_change(fault_clock)
                 timeout = min(
                     IDLE_TICK_S,
                     result.requeue_after or IDLE_TICK_S,
                     IDLE_TICK_S if next_fault is None or fault_clock < 0 else next_fault - fault_clock,
+                    IDLE_TICK_S if next_switch is None or fault_clock < 0 else next_switch - fault_clock,
                 )
                 if self.duration is not None:
                     timeout = min(timeout, self.duration - elapsed)
@@ -328,6 +333,15 @@ class LocalRunner:
         finally:
             orphans = await self.stop()
         return self.summary(orphans)
+
+    def _follow_suspend(self, fault_clock: float) -> None:
+        """Set spec.suspend as `--suspend` wants it now (timed like the faults)."""
+        if self.suspend is None or fault_clock < 0:
+            return
+        wanted = self.suspend.wanted(fault_clock)
+        if wanted != self.mw.spec.suspend:
+            self.view.event("suspending: spec.suspend true" if wanted else "resuming: spec.suspend false")
+            self.mw = self.mw.model_copy(update={"spec": self.mw.spec.model_copy(update={"suspend": wanted})})
 
     def request_stop(self) -> None:
         self.view.event("stopping")
@@ -393,6 +407,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         if args.spares:
             mw = with_spares(mw, args.spares)
         kills = planned_kills(args.kill, args.after)
+        suspend = parse_suspend(args.suspend) if args.suspend else None
         for kill in kills:
             pods = mw.pods_of(kill.member) if kill.member in {m.name for m in mw.spec.members} else None
             if pods is None:
@@ -404,6 +419,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             mw,
             manifest_dir=args.file.resolve().parent,
             kills=kills,
+            suspend=suspend,
             chaos_per_minute=args.chaos,
             duration=args.duration,
             seed=args.seed,

@@ -50,7 +50,9 @@ class WorldTracker:
             self._fault_at = at
 
     def observe(self, phase: str, epoch: int, whole: bool, now: float) -> None:
-        if epoch > self.epoch:
+        if epoch > self.epoch and self.phase == "Suspended":
+            self.epoch = epoch  # resumed: a new epoch, no failure
+        elif epoch > self.epoch:
             self.failures += epoch - self.epoch
             self.epoch = epoch
             if self._failed_at is None:

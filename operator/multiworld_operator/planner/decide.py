@@ -27,6 +27,10 @@ Rules (docs/architecture.md, "Recovery semantics"):
   only, of removed members, or unknown instances are deleted.
 - Spec edits: new worlds start at epoch 1, removed ones leave the table, a world whose expanded
   rank list or backend changed gets a new epoch; nothing else moves.
+- Suspend (`spec.suspend`): every world that is not Failed or Succeeded is Suspended (out of
+  the table, its epoch, history and restart budget kept), so every pod and spare goes; pods
+  that go then are no failures. Resuming gives each suspended world its next epoch, and its
+  pods are made anew.
 - Warm spares (`spares` of a member): that many pods of the member's template wait for an
   identity. A member pod that needs a new instance is played by the oldest ready spare of its
   member made from its current template (Running, its worker waiting), instead of a new pod of
@@ -141,6 +145,7 @@ class _Planning:
 
     def run(self) -> Plan:
         self._apply_spec()
+        self._suspend_or_resume()
         # A world whose backoff ends now is up for this observation, so what it shows (a dead
         # pod, a report) counts once, now, and not only when the same observation is replanned.
         self._end_backoffs()
@@ -203,6 +208,20 @@ class _Planning:
         for name in self.previous.worlds:
             if name not in self.worlds:
                 self._event("Normal", "WorldRemoved", name, f"world {name} removed from the spec")
+
+    def _suspend_or_resume(self) -> None:
+        suspend = self.mw.spec.suspend
+        for name, state in self.worlds.items():
+            if suspend and state.phase in UP_PHASES:
+                state.phase, state.restart_at, state.ready_ranks, state.waiting = "Suspended", None, 0, {}
+                self._event("Normal", "WorldSuspended", name, f"world {name} suspended at epoch {state.epoch}")
+            elif not suspend and state.phase == "Suspended":
+                state.epoch += 1
+                state.phase, state.epoch_started = "Pending", self.now
+                self._event("Normal", "WorldResumed", name, f"world {name} resumed at epoch {state.epoch}")
+        if suspend:
+            # Every pod goes (none of them is a failure); the spare pool empties by its count.
+            self.records.clear()
 
     def _detect_failures(self) -> dict[str, Failure]:
         failures: dict[str, Failure] = {}
@@ -491,6 +510,8 @@ class _Planning:
             return f"replaced by warm spare {record.spare}"
         if seen.name in self.replaced:
             return self.replaced[seen.name]
+        if self.mw.spec.suspend:
+            return "the MultiWorld is suspended (spec.suspend)"
         wanted = any(self.worlds[w].up for w in self.pod_worlds[seen.name])
         if seen.phase == "Failed":
             return "failed; replaced by a new instance" if wanted else "failed"
@@ -654,8 +675,8 @@ class _Planning:
                 self.creates.append(self._create_spare(name, member_name))
 
     def _spares_wanted(self, member: str) -> int:
-        """The member's `spares` while one of its worlds may still need a pod (is not Failed or
-        Succeeded); else none."""
+        """The member's `spares` while one of its worlds may still need a pod (is not Failed,
+        Succeeded or Suspended); else none."""
         worlds = self.mw.worlds_of_member(member)
         return self.mw.member(member).spares if any(self.worlds[w].phase in UP_PHASES for w in worlds) else 0
 
@@ -685,7 +706,7 @@ class _Planning:
     def _status(self, table: WorldTable) -> MultiWorldStatus:
         phases = [s.phase for s in self.worlds.values()]
         running = phases.count("Running")
-        phase = _overall_phase(phases)
+        phase: Phase = "Suspended" if self.mw.spec.suspend else _overall_phase(phases)
         degraded = [n for n, s in self.worlds.items() if s.phase in ("Failed", "Recovering")]
         conditions = [
             self._condition(
@@ -701,6 +722,18 @@ class _Planning:
                 ("not healthy: " + ", ".join(degraded)) if degraded else "no failed or recovering world",
             ),
         ]
+        if self.mw.spec.suspend or self.previous.condition("Suspended") is not None:
+            suspended = self.mw.spec.suspend
+            conditions.append(
+                self._condition(
+                    "Suspended",
+                    suspended,
+                    "SpecSuspend" if suspended else "Resumed",
+                    "spec.suspend is true: no pod runs; each world keeps its history"
+                    if suspended
+                    else "spec.suspend is false",
+                )
+            )
         generation = self.mw.metadata.generation
         return MultiWorldStatus(
             phase=phase,

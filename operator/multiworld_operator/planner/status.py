@@ -21,8 +21,8 @@ from pydantic.alias_generators import to_camel
 
 from multiworld.contract import Backend, WorldTable
 
-WorldPhase = Literal["Pending", "Running", "Recovering", "Failed", "Succeeded"]
-Phase = Literal["Pending", "Running", "Degraded", "Recovering", "Failed", "Succeeded"]
+WorldPhase = Literal["Pending", "Running", "Recovering", "Failed", "Succeeded", "Suspended"]
+Phase = Literal["Pending", "Running", "Degraded", "Recovering", "Failed", "Succeeded", "Suspended"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 # Phases in which a world is formed (or forming) at its epoch and listed in the world table.
 UP_PHASES: frozenset[str] = frozenset({"Pending", "Running", "Recovering"})
