@@ -93,6 +93,12 @@ def _printer_columns() -> list[dict[str, Any]]:
             "description": "Running worlds / all worlds",
         },
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
+        {
+            "name": "Updated",
+            "type": "string",
+            "jsonPath": ".status.updated",
+            "description": "Member pods of their member's current template / all member pods",
+        },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
 

@@ -212,6 +212,20 @@ class World(_SpecModel):
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
 
 
+class UpdateStrategy(_SpecModel):
+    """How an edited member template rolls out: pod by pod, each old pod replaced by one of the
+    new template (a ready warm spare of the new template plays it when there is one)."""
+
+    max_unavailable: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Most member pods not ready at once (for any cause) while old pods are replaced; a world "
+        "whose old pods all fit moves once.",
+    )
+    paused: bool = Field(default=False, description="true holds the rollout: no old pod is replaced for it.")
+
+
 class MultiWorldSpec(_SpecModel):
     backend: BackendChoice = Field(
         default="auto", description="auto: nccl when every rank of a world requests nvidia.com/gpu, else gloo."
@@ -227,6 +241,9 @@ class MultiWorldSpec(_SpecModel):
         description="true deletes every pod and warm spare and keeps each world's epoch, history and restart "
         "budget; false again brings them back, each world at its next epoch (what queueing systems such as Kueue "
         "set to admit a workload).",
+    )
+    update_strategy: UpdateStrategy = Field(
+        default_factory=UpdateStrategy, description="How a template edit rolls out to running pods."
     )
     members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS, description="Pods, declared once.")
     worlds: list[World] = Field(

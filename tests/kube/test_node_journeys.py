@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from multiworld_test_cluster import Cluster
+from multiworld_test_cluster import Cluster, ClusterError
 from node_support import (
     WAIT_S,
     Operator,
@@ -115,7 +115,11 @@ def _wait_log(cluster: Cluster, operator: Operator, pod: str, line: str) -> str:
         text = _logs(cluster, operator, pod)
         return text if line in text else None
 
-    return wait_for(f"{pod} to log {line!r}", logged, WAIT_S)
+    try:
+        return wait_for(f"{pod} to log {line!r}", logged, WAIT_S)
+    except ClusterError as exc:
+        lines = [x for x in _logs(cluster, operator, pod).splitlines() if "tensor" not in x]
+        raise ClusterError(f"{exc}; its log without tensor lines ends:\n" + "\n".join(lines[-40:])) from None
 
 
 def _worker_status(pod: client.V1Pod) -> WorkerStatus | None:

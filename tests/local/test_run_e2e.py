@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -289,3 +290,39 @@ def test_a_bad_suspend_flag_names_it(tmp_path):
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )  # fmt: skip
     assert result.returncode != 0 and "--suspend '4': expected AFTER:FOR" in result.stderr, result.stderr
+
+
+def test_an_edited_template_rolls_out_pod_by_pod_while_the_run_goes_on(tmp_path):
+    """The manifest file edited during the run (w1's template gets an environment variable):
+    the w1 pods are replaced one at a time by pods of the new template, each costing world1 one
+    epoch and no restart; the leader and world2 never move. An invalid edit is refused, said,
+    and changes nothing."""
+    path = manifest(tmp_path, **SEED)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
+         "--log-dir", str(tmp_path / "logs"), "--duration", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        leader = tmp_path / "logs" / f"{run_name(tmp_path)}-leader-0.log"
+        deadline = time.monotonic() + 90
+        while not (leader.is_file() and "from world1 has gathered tensors" in leader.read_text()):
+            assert time.monotonic() < deadline and runner.poll() is None, "the worlds never ran"
+            time.sleep(0.5)
+        doc = yaml.safe_load(path.read_text())
+        path.write_text(yaml.safe_dump({**doc, "spec": {**doc["spec"], "worlds": []}}))  # invalid: refused
+        time.sleep(2)
+        w1 = next(m for m in doc["spec"]["members"] if m["name"] == "w1")
+        w1["template"] = json.loads(json.dumps(doc["spec"]["template"]))
+        w1["template"]["spec"]["containers"][0]["env"] = [{"name": "ROLLOUT", "value": "2"}]
+        path.write_text(yaml.safe_dump(doc))
+        out, err = runner.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        runner.kill()
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert "manifest edit refused: " in err and "spec.worlds" in err, err
+    assert err.count("PodUpdated") == 2 and err.count("manifest edited: applying it") == 1, err
+    world1, world2 = summary["worlds"]["world1"], summary["worlds"]["world2"]
+    assert (world1["phase"], world1["epoch"], world1["failures"]) == ("Running", 3, 0), err
+    assert (world2["epoch"], world2["failures"], world2["errors"]) == (1, 0, 0), err
+    assert [starts(tmp_path, pod) for pod in ("leader-0", "w1-0", "w1-1", "w2-0")] == [1, 2, 2, 1], err

@@ -4,11 +4,11 @@ from multiworld_operator.local.view import WorldRow, format_table
 
 def test_recovery_is_timed_from_the_injected_kill_to_all_ranks_back():
     tracker = WorldTracker()
-    tracker.observe("Running", 1, True, now=1.0)
+    tracker.observe("Running", 1, 0, True, now=1.0)
     tracker.fault_injected(10.0)
-    tracker.observe("Recovering", 2, False, now=10.1)
-    tracker.observe("Running", 2, False, now=11.0)  # not every rank joined yet
-    tracker.observe("Running", 2, True, now=12.5)
+    tracker.observe("Recovering", 2, 1, False, now=10.1)
+    tracker.observe("Running", 2, 1, False, now=11.0)  # not every rank joined yet
+    tracker.observe("Running", 2, 1, True, now=12.5)
     summary = tracker.summary("Running", 2, errors=0)
     assert summary.failures == 1 and summary.recoveries == 1
     assert summary.recovery_seconds == [2.5]
@@ -16,8 +16,8 @@ def test_recovery_is_timed_from_the_injected_kill_to_all_ranks_back():
 
 def test_failure_without_injection_is_timed_from_when_it_was_seen():
     tracker = WorldTracker()
-    tracker.observe("Recovering", 3, False, now=5.0)  # two bumps at once: two failures
-    tracker.observe("Running", 3, True, now=6.0)
+    tracker.observe("Recovering", 3, 2, False, now=5.0)  # two restarts at once: two failures
+    tracker.observe("Running", 3, 2, True, now=6.0)
     summary = tracker.summary("Running", 3, errors=4)
     assert (summary.failures, summary.recovery_seconds, summary.errors) == (2, [1.0], 4)
 
@@ -25,11 +25,21 @@ def test_failure_without_injection_is_timed_from_when_it_was_seen():
 def test_an_exhausted_world_counts_its_last_failure_once():
     """Out of restarts, a world goes Failed at the epoch it had: that failure counts too."""
     tracker = WorldTracker()
-    tracker.observe("Running", 1, True, now=1.0)
-    tracker.observe("Failed", 1, False, now=2.0)
-    tracker.observe("Failed", 1, False, now=3.0)
+    tracker.observe("Running", 1, 0, True, now=1.0)
+    tracker.observe("Failed", 1, 0, False, now=2.0)
+    tracker.observe("Failed", 1, 0, False, now=3.0)
     summary = tracker.summary("Failed", 1, errors=1)
     assert (summary.failures, summary.recoveries) == (1, 0)
+
+
+def test_a_new_epoch_without_a_restart_is_no_failure():
+    """A rollout, a resume or a spec edit moves the epoch and restarts nothing."""
+    tracker = WorldTracker()
+    tracker.observe("Running", 1, 0, True, now=1.0)
+    tracker.observe("Pending", 2, 0, False, now=2.0)
+    tracker.observe("Running", 2, 0, True, now=3.0)
+    summary = tracker.summary("Running", 2, errors=0)
+    assert (summary.failures, summary.recoveries) == (0, 0)
 
 
 def test_live_table_columns_line_up():

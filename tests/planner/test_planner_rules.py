@@ -626,7 +626,7 @@ def test_the_view_is_what_kubectl_shows_and_no_more() -> None:
     sim = backing_off()
     assert sim.status is not None
     view = sim.status.view()
-    assert set(view) == {"phase", "observedGeneration", "worldsReady", "restarts", "worlds", "conditions"}
+    assert set(view) == {"phase", "observedGeneration", "worldsReady", "restarts", "worlds", "conditions", "updated"}
     assert set(view["worlds"]["world2"]) == {
         "phase",
         "epoch",
@@ -759,12 +759,11 @@ def test_spares_of_an_older_template_are_deleted_and_never_play() -> None:
     assert not result.assigns
     deleted = {d.pod: d.reason for d in result.deletes}
     assert deleted["mw-w1-spare-a"] == "a warm spare of an older template of member w1"
-    sim.step()
-    sim.start_all()
-    sim.step()
-    sim.start_all()
+    for _ in range(8):  # the rollout replaces w1-0 too; then the pool refills
+        sim.step()
+        sim.start_all()
     assert sim.step().status.spares == {"w1": "2/2"}
-    assert sim.status is not None
+    assert sim.status is not None and sim.status.updated == "4/4"
     assert all(sim.mw.template_digest("w1") == s.template for s in sim.status.spare_pool.values())
 
 
@@ -924,3 +923,111 @@ def test_a_failed_world_stays_failed_through_suspend_and_resume() -> None:
     sim.mw = suspended(sim.mw, False)
     result = sim.step()
     assert result.status.worlds["world2"].phase == "Failed" and result.status.worlds["world1"].epoch == 2
+
+
+# -- rollout of an edited template --------------------------------------------------------------
+
+NEW_IMAGE = {"spec": {"containers": [{"name": "c", "image": "new"}]}}
+
+
+def seed_with(strategy: dict[str, Any] | None = None, **member_templates: dict[str, Any]) -> MultiWorld:
+    """The seed topology with the given members' templates and update strategy."""
+    members: list[dict[str, Any]] = [{"name": "leader"}, {"name": "w1", "replicas": 2}, {"name": "w2"}]
+    for member in members:
+        if member["name"] in member_templates:
+            member["template"] = member_templates[member["name"]]
+    worlds = [{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["leader", "w2"]}]
+    spec: dict[str, Any] = {"updateStrategy": strategy} if strategy else {}
+    return make(members, worlds, **spec)
+
+
+def rolled(sim: Sim, rounds: int = 10) -> list[tuple[str, ...]]:
+    """Step and start pods until nothing is left to do; the pods each step replaced."""
+    batches = []
+    for _ in range(rounds):
+        result = sim.step()
+        batches.append(tuple(sorted(d.pod for d in result.deletes)))
+        sim.start_all()
+    return [b for b in batches if b]
+
+
+def test_a_template_edit_rolls_out_pod_by_pod_without_counting_restarts() -> None:
+    sim = Sim(seed_with())
+    sim.settle()
+    sim.mw = seed_with(w1=NEW_IMAGE)
+    result = sim.step()
+    assert [(d.pod, d.reason) for d in result.deletes] == [(W1_0, "rolling out member w1's new template")]
+    assert ("PodUpdated", None) in reasons(sim) and ("WorldUpdating", "world1") in reasons(sim)
+    assert result.status.rollout == {"w1": "1/2"} and result.status.updated == "3/4"
+    assert condition(result.status, "Progressing").reason == "RollingOut"
+    assert sim.epoch("world1") == 2 and sim.epoch("world2") == 1
+    assert rolled(sim) == [(W1_1,)]  # the second only once the first is back: maxUnavailable 1
+    assert sim.status is not None and sim.status.restarts == 0 and sim.epoch("world1") == 3
+    assert sim.status.updated == "4/4" and sim.status.rollout == {}
+    assert condition(sim.status, "Progressing").reason == "RolloutComplete"
+    assert sim.world_phase("world1") == "Running" and sim.world_phase("world2") == "Running"
+
+
+def test_room_for_a_whole_world_moves_it_once() -> None:
+    sim = Sim(seed_with({"maxUnavailable": 2}))
+    sim.settle()
+    sim.mw = seed_with({"maxUnavailable": 2}, w1=NEW_IMAGE)
+    assert rolled(sim) == [(W1_0, W1_1)] and sim.epoch("world1") == 2
+
+
+def test_a_paused_rollout_replaces_nothing_until_resumed() -> None:
+    sim = Sim(seed_with())
+    sim.settle()
+    sim.mw = seed_with({"paused": True}, w2=NEW_IMAGE)
+    result = sim.step()
+    assert result.deletes == [] and condition(result.status, "Progressing").reason == "RolloutPaused"
+    sim.mw = seed_with(w2=NEW_IMAGE)
+    assert rolled(sim) == [(W2_0,)]
+
+
+def test_a_shared_pods_new_template_moves_each_of_its_worlds_once() -> None:
+    sim = Sim(seed_with())
+    sim.settle()
+    sim.mw = seed_with(leader=NEW_IMAGE)
+    assert rolled(sim) == [(LEADER,)]
+    assert (sim.epoch("world1"), sim.epoch("world2")) == (2, 2)
+
+
+def test_a_failing_new_template_halts_its_rollout() -> None:
+    sim = Sim(seed_with())
+    sim.settle()
+    sim.mw = seed_with(w1=NEW_IMAGE)
+    sim.step()  # w1-0 goes
+    sim.step()  # the new w1-0 is made
+    sim.fail(W1_0)  # and crashes
+    result = sim.step()
+    assert ("RolloutHalted", None) in reasons(sim)
+    progressing = condition(result.status, "Progressing")
+    assert (
+        progressing.reason == "RolloutHalted"
+        and f"pod {W1_0} of member w1's new template failed" in progressing.message
+    )
+    assert result.status.worlds["world1"].restarts == 1  # the failure policy counts it
+    for _ in range(6):
+        sim.start_all()
+        result = sim.step()
+        assert W1_1 not in {d.pod for d in result.deletes}, "the halted rollout went on"
+    assert sim.status is not None and sim.status.rollout == {"w1": "1/2"}
+    sim.mw = seed_with(w1={"spec": {"containers": [{"name": "c", "image": "fixed"}]}})  # a new edit goes on
+    assert W1_1 in {p for batch in rolled(sim) for p in batch}
+
+
+def test_a_ready_spare_of_the_new_template_plays_the_rolled_pod() -> None:
+    """w1 keeps one spare: the rollout waits for a warm spare of the new template, which plays
+    the old pod; no pod of a w1 pod's name is made for it."""
+    sim = with_spares(1)
+    sim.mw = with_spares(1, template=NEW_IMAGE).mw
+    assigns, creates = [], []
+    for _ in range(12):
+        result = sim.step()
+        assigns += [(a.plays, a.pod) for a in result.assigns]
+        creates += [c.pod for c in result.creates if not c.spare]
+        sim.start_all()
+    assert [plays for plays, _ in assigns] == [W1_0, W1_1], assigns
+    assert creates == [], "a w1 pod was made although spares of the new template played"
+    assert sim.status is not None and sim.status.updated == "4/4" and sim.status.spares == {"w1": "1/1"}

@@ -50,6 +50,7 @@ def test_printer_columns() -> None:
         "Phase": ("string", ".status.phase"),
         "Worlds": ("string", ".status.worldsReady"),
         "Restarts": ("integer", ".status.restarts"),
+        "Updated": ("string", ".status.updated"),
         "Age": ("date", ".metadata.creationTimestamp"),
     }
 
@@ -135,6 +136,8 @@ def test_status_schema_holds_what_kubectl_reads_and_no_more() -> None:
         "restarts",
         "playedBy",
         "spares",
+        "updated",
+        "rollout",
     }
     worlds = fields["worlds"]
     world = worlds["additionalProperties"]["properties"]

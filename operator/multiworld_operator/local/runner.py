@@ -19,6 +19,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -90,6 +91,8 @@ class LocalRunner:
         manifest_dir: Path,
         kills: list[Kill],
         suspend: SuspendWindow | None = None,
+        reload: Callable[[], MultiWorld] | None = None,
+        watch: Path | None = None,
         chaos_per_minute: float = 0.0,
         duration: float | None = None,
         seed: int | None = None,
@@ -99,6 +102,9 @@ class LocalRunner:
     ) -> None:
         self.mw = multiworld
         self.suspend = suspend
+        # The manifest file and how to read it again: an edit applies to the running MultiWorld.
+        self.reload, self.watch = reload, watch
+        self.watched = _mtime(watch)
         self.duration = duration
         self.rng = random.Random(seed)
         self.faults = FaultSchedule(kills, chaos_per_minute, [m.name for m in multiworld.spec.members], self.rng)
@@ -305,6 +311,7 @@ class LocalRunner:
                 fault_clock = time.monotonic() - self.up_since if self.up_since is not None else -1.0
                 for kill in self.faults.due(fault_clock):
                     self._inject(kill)
+                self._follow_manifest()
                 self._follow_suspend(fault_clock)
                 self.changed.clear()
                 result = plan(
@@ -314,7 +321,7 @@ class LocalRunner:
                 self.status = result.status
                 now = time.monotonic()
                 for name, ws in self.status.worlds.items():
-                    self.trackers[name].observe(ws.phase, ws.epoch, ws.ready_ranks >= ws.size, now)
+                    self.trackers[name].observe(ws.phase, ws.epoch, ws.restarts, ws.ready_ranks >= ws.size, now)
                 self.view.update(self._rows(), note=self.status.phase)
                 if self._finished():
                     break
@@ -333,6 +340,30 @@ class LocalRunner:
         finally:
             orphans = await self.stop()
         return self.summary(orphans)
+
+    def _follow_manifest(self) -> None:
+        """Apply an edit of the manifest file (the local `kubectl apply`): templates (rolled out
+        per spec.updateStrategy), failure policies, spares, suspend. Members, replicas and worlds
+        stay as the run began; an edit that changes them, or is invalid, is refused and said."""
+        mtime = _mtime(self.watch)
+        if self.reload is None or mtime == self.watched:
+            return
+        self.watched = mtime
+        try:
+            edited = self.reload()
+            if _layout(edited) != _layout(self.mw):
+                raise ValueError("its members, replicas and worlds differ: start the run again for that")
+            commands = {
+                m.name: container_command(edited.template_of(m.name), _template_field(edited, m.name))
+                for m in edited.spec.members
+            }
+            for member, (argv, _) in commands.items():
+                check_executable(argv, self.workdir, _template_field(edited, member))
+        except (SpecError, ValueError, TemplateError, ValidationError, OSError) as exc:
+            self.view.event(f"manifest edit refused: {exc}")
+            return
+        self.view.event("manifest edited: applying it")
+        self.mw, self.commands = edited, commands
 
     def _follow_suspend(self, fault_clock: float) -> None:
         """Set spec.suspend as `--suspend` wants it now (timed like the faults)."""
@@ -387,6 +418,30 @@ def with_spares(multiworld: MultiWorld, choices: list[str]) -> MultiWorld:
         raise ValueError("--spares: " + "; ".join(error.problems)) from None
 
 
+def _mtime(path: Path | None) -> int | None:
+    try:
+        return None if path is None else path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _layout(multiworld: MultiWorld) -> tuple[object, ...]:
+    """What a running local MultiWorld keeps: its name, members' replicas, worlds and backends."""
+    spec = multiworld.spec
+    return (
+        multiworld.name,
+        spec.backend,
+        [(m.name, m.replicas) for m in spec.members],
+        [(w.name, w.ranks, w.backend) for w in spec.worlds],
+    )
+
+
+def _load(args: argparse.Namespace) -> MultiWorld:
+    """The manifest file, with `--spares` applied."""
+    mw = load_manifest(args.file)
+    return with_spares(mw, args.spares) if args.spares else mw
+
+
 def _template_field(multiworld: MultiWorld, member: str) -> str:
     index = [m.name for m in multiworld.spec.members].index(member)
     if multiworld.spec.members[index].template is not None:
@@ -403,9 +458,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not args.file.is_file():
         return _fail(f"FILE: {args.file} does not exist")
     try:
-        mw = load_manifest(args.file)
-        if args.spares:
-            mw = with_spares(mw, args.spares)
+        mw = _load(args)
         kills = planned_kills(args.kill, args.after)
         suspend = parse_suspend(args.suspend) if args.suspend else None
         for kill in kills:
@@ -420,6 +473,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             manifest_dir=args.file.resolve().parent,
             kills=kills,
             suspend=suspend,
+            reload=lambda: _load(args),
+            watch=args.file,
             chaos_per_minute=args.chaos,
             duration=args.duration,
             seed=args.seed,

@@ -39,6 +39,7 @@ class WorldTracker:
 
     def __init__(self) -> None:
         self.epoch = 1
+        self.restarts = 0
         self.phase = "Pending"
         self.failures = 0
         self.recovery_seconds: list[float] = []
@@ -49,12 +50,11 @@ class WorldTracker:
         if self._failed_at is None:
             self._fault_at = at
 
-    def observe(self, phase: str, epoch: int, whole: bool, now: float) -> None:
-        if epoch > self.epoch and self.phase == "Suspended":
-            self.epoch = epoch  # resumed: a new epoch, no failure
-        elif epoch > self.epoch:
-            self.failures += epoch - self.epoch
-            self.epoch = epoch
+    def observe(self, phase: str, epoch: int, restarts: int, whole: bool, now: float) -> None:
+        """One status of the world. A restart counts a failure; a new epoch without one (a
+        rollout, a resume, a spec edit) does not."""
+        if restarts > self.restarts:
+            self.failures += restarts - self.restarts
             if self._failed_at is None:
                 recent = self._fault_at is not None and now - self._fault_at <= FAULT_ATTRIBUTION_S
                 self._failed_at = self._fault_at if recent else now
@@ -62,7 +62,7 @@ class WorldTracker:
         elif phase == "Failed" and self.phase != "Failed":
             # An exhausted restart budget: the world fails for good, at the epoch it had.
             self.failures += 1
-        self.phase = phase
+        self.epoch, self.restarts, self.phase = epoch, restarts, phase
         if self._failed_at is not None and phase == "Running" and whole:
             self.recovery_seconds.append(round(now - self._failed_at, 3))
             self._failed_at = None

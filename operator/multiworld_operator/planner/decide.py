@@ -31,6 +31,13 @@ Rules (docs/architecture.md, "Recovery semantics"):
   the table, its epoch, history and restart budget kept), so every pod and spare goes; pods
   that go then are no failures. Resuming gives each suspended world its next epoch, and its
   pods are made anew.
+- Rollout (`spec.updateStrategy`): a running member pod made from an older template of its
+  member is replaced by one of the current template (a ready spare of it plays the pod when
+  there is one), while fewer than `maxUnavailable` member pods are not ready; a world whose old
+  pods all fit in that room is taken whole, so it moves once. Each replaced pod's worlds get a
+  new epoch (no restart counted). `paused` holds it. A pod of the new template that fails while
+  old pods remain stops the rollout of its member (the failure policy counts as for any
+  failure) until the member's template changes again.
 - Warm spares (`spares` of a member): that many pods of the member's template wait for an
   identity. A member pod that needs a new instance is played by the oldest ready spare of its
   member made from its current template (Running, its worker waiting), instead of a new pod of
@@ -69,6 +76,7 @@ from .status import (
     MultiWorldStatus,
     Phase,
     PodRecord,
+    RolloutHalt,
     SpareRecord,
     WorldStatus,
     played_by,
@@ -127,6 +135,13 @@ class _Planning:
         # a list or dict it holds in place, so the previous status stays as it was.
         self.records = {n: r.model_copy() for n, r in previous.pods.items() if n in self.pod_worlds}
         self.pool = {n: r.model_copy() for n, r in previous.spare_pool.items()}
+        # A halted rollout stays halted until its member's template changes again.
+        members = {m.name for m in multiworld.spec.members}
+        self.halted = {
+            m: h
+            for m, h in previous.rollout_halted.items()
+            if m in members and h.template == multiworld.template_digest(m)
+        }
         self.spare_serial = previous.spare_serial
         # Per pod: the record last compared with its observed instance, and whether they match.
         # A pod shared by every world carries a stamp per world: comparing it once per world
@@ -141,6 +156,7 @@ class _Planning:
         self.culprits: dict[str, set[str]] = {}
         # Worlds that failed in this step, and why each replaced pod goes.
         self.failed_now: set[str] = set()
+        self.updating: set[str] = set()  # worlds a rollout moved to a new epoch in this step
         self.replaced: dict[str, str] = {}
 
     def run(self) -> Plan:
@@ -160,6 +176,7 @@ class _Planning:
             replaced = len(self.replaced)
             self._replace_ended()
             self._replace_late_joiners()
+        self._roll_out()
         self._finish_worlds()
         self._assign_spares()
         table = self._table()
@@ -240,6 +257,8 @@ class _Planning:
             # Ours failed, or ours was seen and is now gone (or replaced by a foreign instance).
             reason = "PodFailed" if ours else "PodDeleted"
             del self.records[pod]
+            if ours:
+                self._halt_if_new_template_failed(pod, record, seen)
             instance = record.spare or pod
             for world in self.pod_worlds[pod]:
                 state = self.worlds[world]
@@ -341,6 +360,77 @@ class _Planning:
                 state.restart_at, state.epoch_started = None, self.now
                 self._event(
                     "Normal", "WorldRestarting", name, f"world {name} backoff over; restarting at epoch {state.epoch}"
+                )
+
+    # -- rollout -----------------------------------------------------------------------------
+
+    def _outdated(self, pod: str) -> bool:
+        """Whether member pod `pod` runs an instance made from an older template of its member."""
+        record = self.records.get(pod)
+        if record is None or not record.observed or not record.template:
+            return False
+        return record.template != self.mw.template_digest(self.mw.member_of_pod(pod)[0])
+
+    def _halt_if_new_template_failed(self, pod: str, record: PodRecord, seen: PodObservation | None) -> None:
+        member = self.mw.member_of_pod(pod)[0]
+        digest = self.mw.template_digest(member)
+        rolling = any(self._outdated(p) for p in self.mw.pods_of(member))
+        if record.template == digest and rolling and member not in self.halted:
+            why = f"pod {record.spare or pod} of member {member}'s new template failed" + (
+                f": {seen.message}" if seen is not None and seen.message else ""
+            )
+            self.halted[member] = RolloutHalt(template=digest, reason=why)
+            self._event("Warning", "RolloutHalted", None, f"rollout of member {member} stopped: {why}")
+
+    def _roll_out(self) -> None:
+        strategy = self.mw.spec.update_strategy
+        # A member that keeps warm spares rolls only onto ready spares of its new template: each
+        # pod then costs its worlds about one recovery, not a new pod's start.
+        spares_left = {m.name: self._ready_spares(m.name) for m in self.mw.spec.members if m.spares}
+        outdated = []
+        for pod in self.pods:
+            member = self.mw.member_of_pod(pod)[0]
+            if not self._outdated(pod) or member in self.halted:
+                continue
+            if member in spares_left:
+                if spares_left[member] == 0:
+                    continue
+                spares_left[member] -= 1
+            outdated.append(pod)
+        if not outdated or strategy.paused or self.mw.spec.suspend:
+            return
+        room = strategy.max_unavailable - sum(self._unavailable(p) for p in self.pods)
+        chosen: list[str] = []
+        # Whole worlds first: a world whose old pods all fit in the room moves once.
+        for world in self.mw.spec.worlds:
+            pods = [p for p in self.worlds[world.name].pods if p in outdated and p not in chosen]
+            if pods and len(chosen) + len(pods) <= room:
+                chosen += pods
+        if not chosen and room > 0:
+            chosen = outdated[:room]
+        for pod in chosen:
+            self._update(pod)
+
+    def _unavailable(self, pod: str) -> bool:
+        """Whether member pod `pod` is not ready in one of its worlds that is up."""
+        return any(self.worlds[w].up and not self._ready(pod, w, self.worlds[w].epoch) for w in self.pod_worlds[pod])
+
+    def _update(self, pod: str) -> None:
+        """Replace `pod` by an instance of its member's current template; each of its worlds that
+        is up goes to a new epoch (no restart is counted)."""
+        record = self.records.pop(pod)
+        member = self.mw.member_of_pod(pod)[0]
+        instance = record.spare or pod
+        self.replaced[pod] = f"rolling out member {member}'s new template"
+        self._event("Normal", "PodUpdated", None, f"pod {instance} replaced by one of member {member}'s new template")
+        for world in self.pod_worlds[pod]:
+            state = self.worlds[world]
+            if state.up and world not in self.updating:
+                self.updating.add(world)
+                state.epoch += 1
+                state.phase, state.ready_ranks, state.epoch_started = "Pending", 0, self.now
+                self._event(
+                    "Normal", "WorldUpdating", world, f"world {world} moves to epoch {state.epoch} for the rollout"
                 )
 
     # -- which pods a failure costs --------------------------------------------------------
@@ -478,7 +568,10 @@ class _Planning:
                     self.deletes.append(DeletePod(pod=pod, reason=self._delete_reason(seen, record)))
                 continue
             if record is None and any(self.worlds[w].up for w in worlds):
-                record = PodRecord(created_for={w: self.worlds[w].epoch for w in worlds})
+                record = PodRecord(
+                    created_for={w: self.worlds[w].epoch for w in worlds},
+                    template=self.mw.template_digest(self.mw.member_of_pod(pod)[0]),
+                )
                 self.records[pod] = record
             if record is not None and not record.observed:
                 member, ordinal = self.mw.member_of_pod(pod)
@@ -624,9 +717,11 @@ class _Planning:
             if not ready:
                 continue
             spare = ready[0][1]
-            del self.pool[spare]
             self.records[pod] = PodRecord(
-                created_for={w: self.worlds[w].epoch for w in worlds}, observed=True, spare=spare
+                created_for={w: self.worlds[w].epoch for w in worlds},
+                observed=True,
+                spare=spare,
+                template=self.pool.pop(spare).template,
             )
             self.assigns.append(AssignSpare(pod=spare, plays=pod, member=member, ordinal=ordinal))
             self._event("Normal", "SpareAssigned", None, f"warm spare {spare} plays {pod} (worlds {', '.join(worlds)})")
@@ -722,6 +817,10 @@ class _Planning:
                 ("not healthy: " + ", ".join(degraded)) if degraded else "no failed or recovering world",
             ),
         ]
+        updated = self._updated()
+        progressing = self._progressing(updated)
+        if progressing is not None:
+            conditions.append(progressing)
         if self.mw.spec.suspend or self.previous.condition("Suspended") is not None:
             suspended = self.mw.spec.suspend
             conditions.append(
@@ -752,7 +851,33 @@ class _Planning:
             },
             spare_pool=self.pool,
             spare_serial=self.spare_serial,
+            updated=f"{sum(counts[0] for counts in updated.values())}/{len(self.pods)}",
+            rollout={m: f"{new}/{total}" for m, (new, total) in updated.items() if new < total},
+            rollout_halted=self.halted,
         )
+
+    def _updated(self) -> dict[str, tuple[int, int]]:
+        """Per member: its pods not made from an older template (being made counts), and all."""
+        counts = {}
+        for member in self.mw.spec.members:
+            pods = self.mw.pods_of(member.name)
+            counts[member.name] = (sum(not self._outdated(p) for p in pods), len(pods))
+        return counts
+
+    def _progressing(self, updated: dict[str, tuple[int, int]]) -> Condition | None:
+        """While a rollout runs (or one ran before): what it does now."""
+        rolling = [m for m, (new, total) in updated.items() if new < total]
+        if not rolling and self.previous.condition("Progressing") is None:
+            return None
+        if not rolling:
+            return self._condition("Progressing", False, "RolloutComplete", "every pod is of its member's template")
+        halted = [f"{m}: {self.halted[m].reason}" for m in rolling if m in self.halted]
+        if halted:
+            return self._condition("Progressing", False, "RolloutHalted", "; ".join(halted))
+        if self.mw.spec.update_strategy.paused:
+            return self._condition("Progressing", False, "RolloutPaused", "spec.updateStrategy.paused is true")
+        left = ", ".join(f"{m} {updated[m][0]}/{updated[m][1]}" for m in rolling)
+        return self._condition("Progressing", True, "RollingOut", f"pods of the new template: {left}")
 
     def _condition(self, type_: str, true: bool, reason: str, message: str) -> Condition:
         status: ConditionStatus = "True" if true else "False"

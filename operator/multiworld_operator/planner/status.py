@@ -86,6 +86,9 @@ class PodRecord(_StatusModel):
     created_for: dict[str, int]
     observed: bool = False
     spare: str | None = None
+    # A digest of the member template the instance was made from ("": not known, taken as the
+    # current one): an older one is replaced by a rollout.
+    template: str = ""
 
 
 class SpareRecord(_StatusModel):
@@ -97,6 +100,11 @@ class SpareRecord(_StatusModel):
     template: str
     serial: int
     observed: bool = False
+
+
+class RolloutHalt(_StatusModel):
+    template: str
+    reason: str
 
 
 class Condition(_StatusModel):
@@ -122,6 +130,10 @@ class StatusView(_StatusModel):
     played_by: dict[str, str] = Field(default_factory=dict)
     # Member -> "<ready>/<wanted>" warm spares (only members with spec.members[].spares).
     spares: dict[str, str] = Field(default_factory=dict)
+    # Member pods made from their member's current template / all member pods; per member while
+    # a rollout runs.
+    updated: str = "0/0"
+    rollout: dict[str, str] = Field(default_factory=dict)
 
 
 class MultiWorldStatus(StatusView):
@@ -135,6 +147,8 @@ class MultiWorldStatus(StatusView):
     # Warm spares that play no member pod yet, by pod name; the serial of the next one.
     spare_pool: dict[str, SpareRecord] = Field(default_factory=dict)
     spare_serial: int = 0
+    # Member -> the template digest whose rollout stopped itself (a pod of it failed), and why.
+    rollout_halted: dict[str, RolloutHalt] = Field(default_factory=dict)
 
     def played_by_pod(self, pod: str) -> str:
         """The pod that plays member pod `pod` now: a warm spare, or the pod of that name."""
@@ -151,7 +165,7 @@ class MultiWorldStatus(StatusView):
         for world in view["worlds"].values():
             if not world["waiting"]:
                 del world["waiting"]
-        for key in ("playedBy", "spares"):
+        for key in ("playedBy", "spares", "rollout"):
             if not view[key]:
                 del view[key]
         return view
@@ -185,6 +199,7 @@ _NOT_VIEWED: Any = {
     "pods": True,
     "spare_pool": True,
     "spare_serial": True,
+    "rollout_halted": True,
     "worlds": {"__all__": _history_fields()},
 }
 
