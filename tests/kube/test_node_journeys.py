@@ -299,6 +299,47 @@ def test_suspend_deletes_every_pod_and_resume_brings_the_worlds_back(
     assert {"WorldSuspended", "WorldResumed"} <= reasons, reasons
 
 
+def test_a_template_edit_rolls_out_pod_by_pod(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str
+) -> None:
+    """w2's template gets an environment variable: its two pods are replaced one at a time by
+    pods of the new template (world2 moves twice, no restart counted), the status and `kubectl get
+    mw` show the pods updated, and the leader and world1 never move."""
+    name = all_gather
+    before = kube.uids(name)
+    manifest = json.loads(kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "-o", "json"))
+    template = json.loads(json.dumps(manifest["spec"]["template"]))
+    (container,) = template["spec"]["containers"]
+    container["env"] = [*container.get("env", []), {"name": "ROLLOUT", "value": "1"}]
+    members = [{**m, "template": template} if m["name"] == "w2" else m for m in manifest["spec"]["members"]]
+    kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
+            "-p", json.dumps({"spec": {"members": members}}))  # fmt: skip
+
+    def complete() -> dict[str, Any] | None:
+        status = kube.status(name)
+        progressing = {c["type"]: c for c in status.get("conditions", [])}.get("Progressing")
+        done = progressing is not None and progressing["reason"] == "RolloutComplete"
+        return status if done and status.get("phase") == "Running" else None
+
+    status = wait_for("the rollout of w2's new template complete", complete, WAIT_S)
+    assert status["updated"] == "5/5" and "rollout" not in status, status
+    assert {w: (s["epoch"], s["restarts"]) for w, s in status["worlds"].items()} == {
+        "world1": (1, 0),
+        "world2": (3, 0),
+    }
+    pods = kube.pods(name)
+    for member in EXCLUSIVE["world2"]:
+        env = {e.name: e.value for e in pods[f"{name}-{member}"].spec.containers[0].env or []}
+        assert env.get("ROLLOUT") == "1", f"{member} is not of w2's new template"
+    for member in ("leader-0", *EXCLUSIVE["world1"]):
+        assert pods[f"{name}-{member}"].metadata.uid == before[f"{name}-{member}"], f"{member} was replaced"
+    updated = [e.message for e in kube.events(name) if e.reason == "PodUpdated"]
+    assert len(updated) == 2, updated
+    row = kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "--no-headers").split()
+    assert row[1:5] == ["Running", "2/2", "0", "5/5"], row
+    _wait_log(kube_node, operator, f"{name}-leader-0", "world2 rejoined at epoch 3")
+
+
 def test_operator_deleted_mid_recovery_converges(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str
 ) -> None:
