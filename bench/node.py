@@ -1,34 +1,60 @@
 """Recovery on a real node: a world1 worker of the all_gather example killed through the
-container runtime, until world1 runs again, with warm spares and without (new pods); beside
-them, the single_world example's whole-group restart (what LeaderWorkerSet and JobSet do by
-default) and what the unaffected world saw.
+container runtime, until world1 runs again, under each recovery rule (`failurePolicy.replace:
+Pod`, the default, with new pods and with one warm spare; `replace: World`) and for world1 of 2,
+3 (the example as committed) and 8 members; beside them, the single_world example's whole-group
+restart (what LeaderWorkerSet and JobSet do by default) and what the unaffected world saw.
 
 Runs against a cluster with a node: its own, started in a temp dir (tests/cluster/cluster.py,
 images from tests/cluster/images.py, the chart with the operator image), or a running one given
 with --cluster (`make cluster`'s .cluster, or a test session's).
 
+Scenarios. world1 of N members is the leader and N-1 pods of w1 (examples/all_gather with w1's
+replicas set to N-1; world2, the leader and two w2 pods, as committed). For each N (2 and 3 with
+--quick; 2, 3 and 8 without) one MultiWorld runs three scenarios in turn, each with --kills
+kills, the manifest edited (kubectl apply) between them and the next kill only once the operator
+has seen the edit (status.observedGeneration):
+- new_pods: `replace: Pod`, no spare: the killed pod is replaced by a new pod, the others keep
+  theirs and join the new epoch.
+- replace_world: `replace: World`: every pod of world1 in no other healthy world is replaced by
+  a new pod (its N-1 w1 pods; the leader stays, world2 being healthy).
+- one_spare: `replace: Pod` with one warm spare of w1 (`spares: 1`): each kill waits until the
+  spare is ready (its worker waiting for an identity) and every pod up; the spare plays the
+  killed pod.
+Each kill takes the next w1 pod, from the last down (the pod that plays it now: a spare, after
+a spare took its place), after the previous recovery completed; the first restart has no backoff
+(`initialDelay: 0s`), nor has any later one (a delay of 0s grows to 0s).
+
 Clocks (wall time; the node, the workers and this process share the machine's clock):
-- node_recovery_s: starts just before the SIGKILL is sent to the container (containerd's
-  `tasks kill`) and stops at the last `joined_at` of world1's new epoch among its ranks, as each
-  worker's runtime records it (its status annotation). Each kill takes the other worker of
-  world1, after the previous recovery completed; the first restart has no backoff
-  (`initialDelay: 0s`). world1's recovery replaces both its exclusive pods with new pods.
-- spare_recovery_s: the same clock, with w1 keeping 2 warm spares (as many as world1's
-  exclusive pods): each kill waits until both spares are ready (their workers waiting for an
-  identity), and the killed pod is whichever plays that member pod now.
-- breakdown_s, for the replaced rank that joined last: operator = kill -> its replacement Pod
-  seen by a watch; schedule = -> the Pod seen bound to the node; container_start = -> the
-  container's process started (its start time in /proc); import = -> the program ready, its
-  imports done (the worker's `started`); rendezvous = -> joined the new epoch.
-- whole_restart_s: the same clock for single_world (one plain torch world of 3 ranks): a dead
-  worker fails the world, so every pod of it is recreated.
-- unaffected: errors = world2 errors counted by its members' runtimes over the whole run;
-  worst_gap_ratio = the longest gap between world2's steps (w2-0's log, kubelet timestamps)
-  while world1 recovered, over the median gap.
+- every recovery time starts just before the SIGKILL is sent to the container (containerd's
+  `tasks kill`) and stops at the last `joined_at` of world1's new epoch among its ranks (the
+  kill's epoch + 1), as each worker's runtime records it (its status annotation).
+- node_recovery_s, spare_recovery_s, world_restart_s: N=3's new_pods, one_spare and
+  replace_world (the same runs as sizes["3"]).
+- breakdown_s, over N=3's new_pods kills, for the new pod that joined last: operator = kill ->
+  its replacement Pod seen by a watch; schedule = -> the Pod seen bound to the node;
+  container_start = -> the container's process started (its start time in /proc); import = ->
+  the program ready, its imports done (the worker's `started`); rendezvous = -> joined the new
+  epoch.
+- whole_restart_s: the same clock for single_world (one plain torch world of 3 ranks, its
+  manifest as committed): a rank that loses the world exits, so every pod of it is replaced.
+- replaced per kill: world1's ranks (single_world's, for whole_restart_s) whose holder changed
+  from the table entry before the kill to the one of the new epoch: a pod of another uid
+  (a new pod of the same name) or another pod (a warm spare that now plays it). A kill under
+  `replace: Pod` should cost 1, under `replace: World` N-1, and single_world's 3.
+- unaffected (N=3, over its three scenarios): errors = world2 errors counted by its members'
+  runtimes over that MultiWorld's whole run; worst_gap_ratio = the longest gap between world2's
+  steps (w2-0's log, kubelet timestamps) while world1 recovered, over the median gap.
+
+JSON (--json, the last line): node_recovery_s, spare_recovery_s, world_restart_s and
+whole_restart_s as {min, median, max}; replaced_per_kill: for each of those four, the count of
+each kill in order; sizes: {"<N>": {"new_pods" | "one_spare" | "replace_world": {"recovery_s":
+{min, median, max}, "replaced_per_kill": [count, ...]}}}; breakdown_s: {stage: median seconds};
+unaffected: {errors, worst_gap_ratio}.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import sys
@@ -43,6 +69,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import _common as common
+import yaml
 from harness import kube
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
@@ -58,16 +85,40 @@ support = kube.kube_support("node_support")
 STAGES = ("operator", "schedule", "container_start", "import", "rendezvous")
 INTERVAL_S = 0.5
 WAIT_S = 300.0
+# Members of world1 (the leader and N-1 w1 pods): the node has 2 cores, so 8 only without --quick.
+SIZES = (2, 3, 8)
+QUICK_SIZES = (2, 3)
+# The example as committed: its figures are the top-level ones, and world2 is watched there.
+EXAMPLE_SIZE = 3
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    label: str
+    replace: str
+    spares: int
+
+
+# In the order each MultiWorld runs them (spares last: the pool then stays to the end).
+SCENARIOS = (
+    Scenario("new_pods", "replace: Pod, new pods", "Pod", 0),
+    Scenario("replace_world", "replace: World", "World", 0),
+    Scenario("one_spare", "replace: Pod, one warm spare", "Pod", 1),
+)
+# The top-level JSON figure of each scenario (of N=3).
+TOP_LEVEL = {"new_pods": "node_recovery_s", "one_spare": "spare_recovery_s", "replace_world": "world_restart_s"}
 
 
 def parse_args(argv: list[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument(
-        "--kills", type=common.positive(int), default=None, help="kills per example (default 5; 2 with --quick)"
+        "--kills", type=common.positive(int), default=None, help="kills per scenario (default 5; 2 with --quick)"
     )
     p.add_argument("--cluster", type=Path, help="a running cluster's folder (with a node) instead of a new one")
     args = p.parse_args(argv)
     args.kills = args.kills or (2 if args.quick else 5)
+    args.sizes = QUICK_SIZES if args.quick else SIZES
     return args
 
 
@@ -149,6 +200,8 @@ def process_start(cluster: Any, pod: client.V1Pod) -> float:
 @dataclass
 class Recovery:
     seconds: float
+    # World ranks whose holder changed: a new pod instance, or a warm spare that now plays it.
+    replaced: int
     # None when no new pod took a rank (warm spares did: they started before the kill).
     breakdown: dict[str, float] | None
     window: tuple[float, float]
@@ -172,6 +225,7 @@ def kill_and_time(
     before = statuses(core, namespace, name)
     epoch = max(s.joined.get(world, 0) for _, s in before.values() if s is not None) + 1
     entry = wait_for(f"{world} of {name} in the table", lambda: table_entry(core, namespace, name, world))
+    holders = [_uid(before[p][0]) if p in before else None for p in entry.pods]
     playing = next(p for p in entry.pods if entry.plays.get(p, p) == f"{name}-{victim}")
 
     def running() -> client.V1Pod | None:
@@ -186,7 +240,7 @@ def kill_and_time(
     support.signal_container(cluster, pod, "SIGKILL")
 
     def rejoined() -> dict[str, tuple[client.V1Pod, WorkerStatus]] | None:
-        """Every rank of the world's table entry joined at the new epoch."""
+        """Every rank of the world's table entry joined at the new epoch (in rank order)."""
         entry = table_entry(core, namespace, name, world)
         if entry is None or entry.epoch != epoch:
             return None
@@ -199,10 +253,13 @@ def kill_and_time(
     members = wait_for(f"{world} of {name} back at epoch {epoch}", rejoined)
     joined = {p: s.joined_at[world].timestamp() for p, (_, s) in members.items()}
     end = max(joined.values())
-    replaced = [p for p, (pod, _) in members.items() if p not in before or _uid(before[p][0]) != _uid(pod)]
-    if not replaced:
-        return Recovery(end - started, None, (started, end))
-    last = max(replaced, key=joined.__getitem__)
+    now_holding = [_uid(pod) for pod, _ in members.values()]
+    replaced = sum(a != b for a, b in zip(holders, now_holding, strict=True))
+    existed = {_uid(pod) for pod, _ in before.values()}
+    new = [p for p, (pod, _) in members.items() if _uid(pod) not in existed]
+    if not new:
+        return Recovery(end - started, replaced, None, (started, end))
+    last = max(new, key=joined.__getitem__)
     pod, status = members[last]
     uid = _uid(pod)
     assert status.started is not None
@@ -215,7 +272,7 @@ def kill_and_time(
         end,
     ]
     breakdown = {stage: max(0.0, b - a) for stage, a, b in zip(STAGES, marks, marks[1:], strict=False)}
-    return Recovery(end - started, breakdown, (started, end))
+    return Recovery(end - started, replaced, breakdown, (started, end))
 
 
 def step_times(core: client.CoreV1Api, namespace: str, pod: str, line: str) -> list[float]:
@@ -228,54 +285,117 @@ def step_times(core: client.CoreV1Api, namespace: str, pod: str, line: str) -> l
     return stamps
 
 
-def every_pod_up(core: client.CoreV1Api, namespace: str, name: str) -> bool:
-    """Whether the MultiWorld has its pods (3 at least) and each one's worker is in its worlds
-    or, a warm spare, waits for an identity."""
+def every_pod_up(core: client.CoreV1Api, namespace: str, name: str, count: int) -> bool:
+    """Whether the MultiWorld has its pods (`count` at least, spares included) and each one's
+    worker is in its worlds or, a warm spare, waits for an identity."""
     found = statuses(core, namespace, name)
-    return len(found) >= 3 and all(s is not None and (s.joined or s.waiting) for _, s in found.values())
+    return len(found) >= count and all(s is not None and (s.joined or s.waiting) for _, s in found.values())
+
+
+def multiworld(api: client.ApiClient, namespace: str, name: str) -> Any:
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "multiworld.io", "v1alpha1", namespace, "multiworlds", name
+    )
 
 
 def spares_ready(api: client.ApiClient, namespace: str, name: str, spares: dict[str, int]) -> bool:
     """Whether every member keeps its warm spares, all ready (the MultiWorld's status says)."""
-    found: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        "multiworld.io", "v1alpha1", namespace, "multiworlds", name
-    )
-    shown = (found.get("status") or {}).get("spares") or {}
+    shown = (multiworld(api, namespace, name).get("status") or {}).get("spares") or {}
     return all(shown.get(member) == f"{count}/{count}" for member, count in spares.items())
 
 
-def run_example(
+def spec_seen(api: client.ApiClient, namespace: str, name: str) -> bool:
+    """Whether the operator planned with the MultiWorld's current spec (an edit just applied)."""
+    found = multiworld(api, namespace, name)
+    return (found.get("status") or {}).get("observedGeneration") == found["metadata"]["generation"]
+
+
+def apply(cluster: Any, core: client.CoreV1Api, namespace: str, name: str, path: Path, pods: int) -> None:
+    """Apply the manifest (a new MultiWorld or an edit of the running one) and wait until the
+    operator has seen it and every pod is up."""
+    support.kubectl(cluster, "apply", "-n", namespace, "-f", str(path))
+    wait_for(f"the operator seeing {path.name}", lambda: spec_seen(core.api_client, namespace, name))
+    wait_for(f"every rank of {name} joined", lambda: every_pod_up(core, namespace, name, pods))
+
+
+def time_kills(
     cluster: Any,
     core: client.CoreV1Api,
-    operator: Any,
-    workdir: Path,
-    example: str,
+    namespace: str,
     name: str,
     world: str,
     victims: list[str],
     kills: int,
     times: PodTimes,
+    pods: int,
     spares: dict[str, int] | None = None,
 ) -> list[Recovery]:
-    path = support.example_manifest(example, name, workdir, interval=INTERVAL_S, spares=spares)
-    support.kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
-    wait_for(f"every rank of {name} joined", lambda: every_pod_up(core, operator.apps, name))
     recoveries = []
     for kill in range(kills):
         if spares:
             wait_for(
                 f"the warm spares of {name} ready",
                 lambda: (
-                    spares_ready(core.api_client, operator.apps, name, spares)
-                    and every_pod_up(core, operator.apps, name)
+                    spares_ready(core.api_client, namespace, name, spares) and every_pod_up(core, namespace, name, pods)
                 ),
             )
-        recovery = kill_and_time(cluster, core, operator.apps, name, world, victims[kill % len(victims)], times)
+        recovery = kill_and_time(cluster, core, namespace, name, world, victims[kill % len(victims)], times)
         print(
-            f"{name}: kill {kill + 1}/{kills}: every rank back in {recovery.seconds:.2f} s", file=sys.stderr, flush=True
+            f"{name}: kill {kill + 1}/{kills}: every rank back in {recovery.seconds:.2f} s, "
+            f"{recovery.replaced} replaced",
+            file=sys.stderr,
+            flush=True,
         )
         recoveries.append(recovery)
     return recoveries
+
+
+def sized_manifests(workdir: Path, name: str, size: int) -> dict[str, Path]:
+    """examples/all_gather as support.example_manifest writes it, world1 of `size` members
+    (w1's replicas: size - 1), one manifest per scenario: its replace rule and w1's spares."""
+    base = yaml.safe_load(support.example_manifest("all_gather", name, workdir, interval=INTERVAL_S).read_text())
+    paths = {}
+    for scenario in SCENARIOS:
+        manifest = copy.deepcopy(base)
+        spec = manifest["spec"]
+        (w1,) = (m for m in spec["members"] if m["name"] == "w1")
+        w1["replicas"] = size - 1
+        if scenario.spares:
+            w1["spares"] = scenario.spares
+        (world1,) = (w for w in spec["worlds"] if w["name"] == "world1")
+        world1["failurePolicy"]["replace"] = scenario.replace
+        paths[scenario.key] = workdir / f"{name}.{scenario.key}.yaml"
+        paths[scenario.key].write_text(yaml.safe_dump(manifest))
+    return paths
+
+
+@dataclass
+class Unaffected:
+    errors: int
+    worst_gap: float
+    median_gap: float
+
+
+def run_size(
+    cluster: Any, core: client.CoreV1Api, namespace: str, workdir: Path, size: int, kills: int, times: PodTimes
+) -> tuple[dict[str, list[Recovery]], Unaffected]:
+    """One MultiWorld of world1 with `size` members through every scenario, then deleted."""
+    name = f"bench-world1-of-{size}"
+    manifests = sized_manifests(workdir, name, size)
+    victims = [f"w1-{i}" for i in reversed(range(size - 1))]
+    member_pods = 1 + (size - 1) + 2  # the leader, w1's, w2's
+    found = {}
+    for scenario in SCENARIOS:
+        pods = member_pods + scenario.spares
+        apply(cluster, core, namespace, name, manifests[scenario.key], pods)
+        print(f"{name}: {scenario.label}", file=sys.stderr, flush=True)
+        spares = {"w1": scenario.spares} if scenario.spares else None
+        found[scenario.key] = time_kills(cluster, core, namespace, name, "world1", victims, kills, times, pods, spares)
+    errors = sum(s.errors.get("world2", 0) for _, s in statuses(core, namespace, name).values() if s is not None)
+    steps = step_times(core, namespace, f"{name}-w2-0", "from world2 has gathered tensors")
+    worst, _ = common.worst_gap_in(steps, [r.window for rs in found.values() for r in rs])
+    delete_example(cluster, core, namespace, name)
+    return found, Unaffected(errors, worst, statistics.median(common.gaps(steps)))
 
 
 def delete_example(cluster: Any, core: client.CoreV1Api, namespace: str, name: str) -> None:
@@ -302,6 +422,18 @@ def node_cluster(given: Path | None) -> Iterator[Any]:
             cluster.stop()
 
 
+def figure(recoveries: list[Recovery]) -> dict[str, Any]:
+    return {
+        "recovery_s": common.Spread.of(r.seconds for r in recoveries).as_dict(),
+        "replaced_per_kill": [r.replaced for r in recoveries],
+    }
+
+
+def counts(recoveries: list[Recovery]) -> str:
+    found = sorted({r.replaced for r in recoveries})
+    return ", ".join(map(str, found))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load_at_start = common.machine_load()
@@ -312,88 +444,67 @@ def main(argv: list[str] | None = None) -> int:
     ):
         core = client.CoreV1Api(api)
         operator = support.install_operator(cluster)
+        sizes: dict[int, dict[str, list[Recovery]]] = {}
         with watching_pods(core, operator.apps) as times:
-            multi = run_example(
-                cluster,
-                core,
-                operator,
-                Path(scratch),
-                "all_gather",
-                "bench-all-gather",
-                "world1",
-                ["w1-1", "w1-0"],
-                args.kills,
-                times,
+            # The example as committed first: the figures most wanted.
+            for size in sorted(args.sizes, key=lambda n: n != EXAMPLE_SIZE):
+                sizes[size], seen = run_size(cluster, core, operator.apps, Path(scratch), size, args.kills, times)
+                if size == EXAMPLE_SIZE:
+                    unaffected = seen
+            name = "bench-single-world"
+            path = support.example_manifest("single_world", name, Path(scratch), interval=INTERVAL_S)
+            apply(cluster, core, operator.apps, name, path, 3)
+            whole = time_kills(
+                cluster, core, operator.apps, name, "world", ["workers-1", "workers-0"], args.kills, times, 3
             )
-            errors = sum(
-                s.errors.get("world2", 0)
-                for _, s in statuses(core, operator.apps, "bench-all-gather").values()
-                if s is not None
-            )
-            steps = step_times(core, operator.apps, "bench-all-gather-w2-0", "from world2 has gathered tensors")
-            delete_example(cluster, core, operator.apps, "bench-all-gather")
-            warm = run_example(
-                cluster,
-                core,
-                operator,
-                Path(scratch),
-                "all_gather",
-                "bench-spares",
-                "world1",
-                ["w1-1", "w1-0"],
-                args.kills,
-                times,
-                spares={"w1": 2},
-            )
-            delete_example(cluster, core, operator.apps, "bench-spares")
-            whole = run_example(
-                cluster,
-                core,
-                operator,
-                Path(scratch),
-                "single_world",
-                "bench-single-world",
-                "world",
-                ["workers-1", "workers-0"],
-                args.kills,
-                times,
-            )
-            delete_example(cluster, core, operator.apps, "bench-single-world")
-    median_gap = statistics.median(common.gaps(steps))
-    worst, _ = common.worst_gap_in(steps, [r.window for r in multi])
-    recovery = common.Spread.of(r.seconds for r in multi)
-    spare = common.Spread.of(r.seconds for r in warm)
-    restart = common.Spread.of(r.seconds for r in whole)
-    breakdowns = [r.breakdown for r in multi if r.breakdown is not None]
+            delete_example(cluster, core, operator.apps, name)
+    example = sizes[EXAMPLE_SIZE]
+    spreads = {TOP_LEVEL[key]: common.Spread.of(r.seconds for r in example[key]) for key in TOP_LEVEL}
+    spreads["whole_restart_s"] = common.Spread.of(r.seconds for r in whole)
+    replaced = {TOP_LEVEL[key]: [r.replaced for r in example[key]] for key in TOP_LEVEL}
+    replaced["whole_restart_s"] = [r.replaced for r in whole]
+    breakdowns = [r.breakdown for r in example["new_pods"] if r.breakdown is not None]
     breakdown = {stage: statistics.median(b[stage] for b in breakdowns) for stage in STAGES}
+    ratio = unaffected.worst_gap / unaffected.median_gap
     results = {
-        "node_recovery_s": recovery.as_dict(),
-        "spare_recovery_s": spare.as_dict(),
+        **{key: spread.as_dict() for key, spread in spreads.items()},
+        "replaced_per_kill": replaced,
+        "sizes": {str(n): {key: figure(rs) for key, rs in found.items()} for n, found in sorted(sizes.items())},
         "breakdown_s": breakdown,
-        "whole_restart_s": restart.as_dict(),
-        "unaffected": {"errors": errors, "worst_gap_ratio": worst / median_gap},
+        "unaffected": {"errors": unaffected.errors, "worst_gap_ratio": ratio},
     }
-    rows = [[f"{label} (n={n})", common.fmt_s(s.min), common.fmt_s(s.median), common.fmt_s(s.max)]
-            for label, s, n in (("all_gather, warm spares: world1 back", spare, len(warm)),
-                                ("all_gather, new pods: world1 back", recovery, len(multi)),
-                                ("single_world: every rank back", restart, len(whole)))]  # fmt: skip
+    rows = []
+    for n, found in sorted(sizes.items()):
+        for scenario in SCENARIOS:
+            rs = found[scenario.key]
+            s = common.Spread.of(r.seconds for r in rs)
+            rows.append([f"world1 of {n}, {scenario.label} (n={len(rs)})", common.fmt_s(s.min),
+                         common.fmt_s(s.median), common.fmt_s(s.max), counts(rs)])  # fmt: skip
+    s = spreads["whole_restart_s"]
+    rows.append([f"single_world of 3, every rank (n={len(whole)})", common.fmt_s(s.min), common.fmt_s(s.median),
+                 common.fmt_s(s.max), counts(whole)])  # fmt: skip
+    pod_rule = [r.replaced for found in sizes.values() for key in ("new_pods", "one_spare") for r in found[key]]
     common.report(
         "recovery on a real node (kill through containerd -> every rank joined the new epoch)",
         load_at_start,
         [
-            common.table(["recovery", "min", "median", "max"], rows),
+            common.table(["recovery (world1 = leader + w1 pods)", "min", "median", "max", "replaced per kill"], rows),
             common.table(
-                ["stage (median, new pods: last rank to join)", "seconds"],
+                [f"stage (median, world1 of {EXAMPLE_SIZE}, new pods: last new pod to join)", "seconds"],
                 [[stage, f"{breakdown[stage]:.3f}"] for stage in STAGES],
             ),
-            f"world2 while world1 recovered: {errors} errors; worst step gap {worst:.2f} s "
-            f"= {worst / median_gap:.2f}x the median gap ({median_gap:.2f} s)",
+            f"world2 while world1 (of {EXAMPLE_SIZE}) recovered: {unaffected.errors} errors; worst step gap "
+            f"{unaffected.worst_gap:.2f} s = {ratio:.2f}x the median gap ({unaffected.median_gap:.2f} s)",
         ],
         [
-            common.Target("world2 errors while world1 recovered", errors, 0),
-            common.Target("world1 back with warm spares, median", spare.median, 1.0, "s"),
+            common.Target("world2 errors while world1 recovered", unaffected.errors, 0),
+            common.Target("pods replaced per kill under replace: Pod, most", max(pod_rule), 1),
+            common.Target("world1 back with one warm spare, median", spreads["spare_recovery_s"].median, 1.0, "s"),
             common.Target(
-                "world1 back, median, vs the whole-group restart", recovery.median / restart.median, 1.0, "x"
+                "world1 back with new pods, median, vs the whole-group restart",
+                spreads["node_recovery_s"].median / spreads["whole_restart_s"].median,
+                1.0,
+                "x",
             ),
         ],
     )

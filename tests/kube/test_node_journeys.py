@@ -118,8 +118,10 @@ def _wait_log(cluster: Cluster, operator: Operator, pod: str, line: str) -> str:
     try:
         return wait_for(f"{pod} to log {line!r}", logged, WAIT_S)
     except ClusterError as exc:
-        lines = [x for x in _logs(cluster, operator, pod).splitlines() if "tensor" not in x]
-        raise ClusterError(f"{exc}; its log without tensor lines ends:\n" + "\n".join(lines[-40:])) from None
+        lines = [
+            x for x in _logs(cluster, operator, pod).splitlines() if "tensor" not in x and "done with step" not in x
+        ]
+        raise ClusterError(f"{exc}; its log without step lines ends:\n" + "\n".join(lines[-40:])) from None
 
 
 def _worker_status(pod: client.V1Pod) -> WorkerStatus | None:
@@ -363,17 +365,45 @@ def test_operator_deleted_mid_recovery_converges(
 
 @pytest.mark.timeout(BENCH_RUN_S + 60)
 def test_node_bench_reports_recovery_and_its_breakdown(kube_node: Cluster) -> None:
-    """bench/node.py --quick on this node: every figure of its documented JSON shape. Its
-    figures are the bench's business: no speed is asserted here."""
+    """bench/node.py --quick on this node: every figure of its documented JSON shape, and the
+    pods each kill cost: 1 under `replace: Pod` (a new pod, or the one warm spare), 2 under
+    `replace: World` on all_gather's world1 (its two w1 pods), N-1 for world1 of N. Its times
+    are the bench's business: no speed is asserted here."""
     result = subprocess.run([sys.executable, str(REPO / "bench" / "node.py"), "--quick", "--json",
                              "--cluster", str(kube_node.directory)],
                             capture_output=True, text=True, timeout=BENCH_RUN_S, check=False)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(figures) == {"node_recovery_s", "spare_recovery_s", "breakdown_s", "whole_restart_s", "unaffected"}
-    for spread in ("node_recovery_s", "spare_recovery_s", "whole_restart_s"):
-        low, middle, high = (figures[spread][k] for k in ("min", "median", "max"))
-        assert 0 < low <= middle <= high, figures
+    kills = 2  # --quick
+
+    def assert_spread(spread: dict[str, float]) -> None:
+        assert set(spread) == {"min", "median", "max"}, figures
+        assert 0 < spread["min"] <= spread["median"] <= spread["max"], figures
+
+    top = ("node_recovery_s", "spare_recovery_s", "world_restart_s", "whole_restart_s")
+    assert set(figures) == {*top, "replaced_per_kill", "sizes", "breakdown_s", "unaffected"}, figures
+    for key in top:
+        assert_spread(figures[key])
+    replaced = figures["replaced_per_kill"]
+    assert set(replaced) == set(top), figures
+    assert all(len(counts) == kills for counts in replaced.values()), figures
+    assert replaced["node_recovery_s"] == [1] * kills, figures
+    assert replaced["spare_recovery_s"] == [1] * kills, figures
+    assert replaced["world_restart_s"] == [2] * kills, figures
+    assert set(figures["sizes"]) == {"2", "3"}, figures
+    for size, scenarios in figures["sizes"].items():
+        assert set(scenarios) == {"new_pods", "one_spare", "replace_world"}, figures
+        for scenario in scenarios.values():
+            assert set(scenario) == {"recovery_s", "replaced_per_kill"}, figures
+            assert_spread(scenario["recovery_s"])
+        assert scenarios["new_pods"]["replaced_per_kill"] == [1] * kills, figures
+        assert scenarios["one_spare"]["replaced_per_kill"] == [1] * kills, figures
+        assert scenarios["replace_world"]["replaced_per_kill"] == [int(size) - 1] * kills, figures
+    # The example as committed (world1 of 3) is the top-level figures' runs.
+    example = figures["sizes"]["3"]
+    for key, name in (("new_pods", "node_recovery_s"), ("one_spare", "spare_recovery_s"),
+                      ("replace_world", "world_restart_s")):  # fmt: skip
+        assert example[key] == {"recovery_s": figures[name], "replaced_per_kill": replaced[name]}, figures
     assert set(figures["breakdown_s"]) == {"operator", "schedule", "container_start", "import", "rendezvous"}
     assert all(v >= 0 for v in figures["breakdown_s"].values()), figures
     assert figures["unaffected"]["errors"] == 0 and figures["unaffected"]["worst_gap_ratio"] > 0, figures

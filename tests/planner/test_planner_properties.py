@@ -18,6 +18,7 @@ from planner_sim import Sim, endpoint, make
 
 from multiworld_operator import spec
 from multiworld_operator.planner import MultiWorldStatus, Observation, Plan, plan
+from multiworld_operator.planner.status import UP_PHASES
 from multiworld_operator.spec import MultiWorld, parse_duration
 
 # PLANNER_EXAMPLES=3000 for a long hunt; the default keeps the suite quick.
@@ -260,10 +261,11 @@ def check_spares(sim: Sim, before: MultiWorldStatus, result: Plan) -> None:
 
 def check_consistency(mw: MultiWorld, sim: Sim, result: Plan) -> None:
     status = result.status
-    up = {n: w for n, w in status.worlds.items() if w.up}
+    tabled = {n: w for n, w in status.worlds.items() if w.phase in UP_PHASES}  # backing off included
     assert [(w.name, w.epoch, [w.plays.get(p, p) for p in w.pods]) for w in result.table.worlds] == [
-        (n, w.epoch, w.pods) for n, w in up.items()
+        (n, w.epoch, w.pods) for n, w in tabled.items()
     ]
+    up = {n: w for n, w in status.worlds.items() if w.up}
     for entry in result.table.worlds:
         assert entry.pods == [status.played_by_pod(p) for p in status.worlds[entry.name].pods]
     assert status.restarts == sum(w.restarts for w in status.worlds.values())
@@ -277,7 +279,9 @@ def check_consistency(mw: MultiWorld, sim: Sim, result: Plan) -> None:
             assert create.template == mw.template_of(create.member)
             continue
         assert set(create.created_for) == set(mw.worlds_of_pod(create.pod))
-        assert {a.name: a.epoch for a in create.worlds} == {n: w.epoch for n, w in up.items() if create.pod in w.pods}
+        assert {a.name: a.epoch for a in create.worlds} == {
+            n: w.epoch for n, w in tabled.items() if create.pod in w.pods
+        }
         assert any(n in up for n in mw.worlds_of_pod(create.pod)), f"{create.pod} has no world to join"
     for name, world in status.worlds.items():
         policy = mw.world(name).failure_policy

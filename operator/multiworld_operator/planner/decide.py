@@ -5,9 +5,10 @@ Rules (docs/architecture.md, "Recovery semantics"):
   not waiting for a backoff) fails when one of its pods fails, disappears after it was seen, or a
   worker reports it broken at its current epoch (reports for other epochs are ignored).
 - A failed world gets the next epoch at once, and is restarted now or, from its second restart
-  within the failure policy's window, after a backoff (out of the world table meanwhile; a world
-  waiting cannot fail again). When the window already holds `maxRestarts` restarts the world is
-  Failed for good instead; the others go on.
+  within the failure policy's window, after a backoff: its new pods are made only then, while
+  the table already lists the new epoch, so the kept pods wait in it rather than leave a world
+  that merely backs off (a world waiting cannot fail again). When the window already holds
+  `maxRestarts` restarts the world is Failed for good instead; the others go on.
 - A pod instance that ends fails only the worlds whose current epoch it was made for or joined
   (or may have: when nothing says what it joined). A shared pod kept for a world's new epoch
   that dies before joining it fails that world no second time: its replacement joins the epoch.
@@ -523,7 +524,7 @@ class _Planning:
     def _table(self) -> WorldTable:
         entries = []
         for name, state in self.worlds.items():
-            if state.up:
+            if state.phase in UP_PHASES:  # a world backing off included: see the module's rules
                 pods = [self._playing(pod) for pod in state.pods]
                 host, port = self.endpoint(name, pods[0])
                 entries.append(

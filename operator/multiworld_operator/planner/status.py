@@ -54,7 +54,8 @@ class WorldView(_StatusModel):
     ready_ranks: int = 0
     restarts: int = 0
     last_failure: Failure | None = None
-    # When a restart waits for its backoff: the world leaves the table until then.
+    # When a restart waits for its backoff: its new pods are made only then (the table already
+    # lists its new epoch, which its kept pods wait in).
     restart_at: datetime | None = None
     # While the world forms: its pods that are not running yet, with why they wait.
     waiting: dict[str, str] = Field(default_factory=dict)
