@@ -1033,3 +1033,15 @@ def test_a_ready_spare_of_the_new_template_plays_the_rolled_pod() -> None:
     assert [plays for plays, _ in assigns] == [W1_0, W1_1], assigns
     assert creates == [], "a w1 pod was made although spares of the new template played"
     assert sim.status is not None and sim.status.updated == "4/4" and sim.status.spares == {"w1": "1/1"}
+
+
+def test_a_pod_that_finishes_after_its_world_ran_at_the_epoch_is_not_replaced() -> None:
+    """A finished program leaves its worlds before it exits (its worker shows none joined): in a
+    world that ran at its current epoch, that is an end, not a program that left a broken world."""
+    sim = running()
+    sim.fail(W1_1)
+    sim.settle()
+    assert sim.world_phase("world1") == "Running" and sim.epoch("world1") == 2
+    sim.pods[LEADER] = sim.pods[LEADER].model_copy(update={"phase": "Succeeded", "joined": {}})
+    result = sim.step()
+    assert result.deletes == [] and sim.epoch("world1") == 2 and sim.epoch("world2") == 1

@@ -457,7 +457,9 @@ class _Planning:
 
     def _replace_ended(self) -> None:
         """A pod that finished before it joined the current epoch of one of its worlds that is up
-        (its program stopped when that world broke) is replaced."""
+        and not formed yet at it (its program stopped when that world broke) is replaced. Once a
+        world ran at its epoch, a pod that ends is finishing: a finished program leaves its worlds
+        first, so what its worker last showed says nothing about the epoch it took part in."""
         for pod in self.pods:
             seen = self._current(pod)
             if seen is None or seen.phase != "Succeeded":
@@ -465,7 +467,7 @@ class _Planning:
             record = self.records[pod]
             for world in self.pod_worlds[pod]:
                 state = self.worlds[world]
-                if state.up and not _took_part(record, seen, world, state.epoch):
+                if state.up and state.phase != "Running" and not _took_part(record, seen, world, state.epoch):
                     self._replace(pod, f"ended before it joined world {world} epoch {state.epoch}")
                     break
 
