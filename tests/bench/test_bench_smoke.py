@@ -31,9 +31,9 @@ def excerpt(output: str, tail: int = 3000, lines: int = 30) -> str:
     return output[-tail:] if head in output[-tail:] else f"{head}\n[...]\n{output[-tail:]}"
 
 
-def run_bench(name: str) -> dict[str, Any]:
+def run_bench(name: str, *flags: str) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, str(BENCH / name), "--quick", "--json"],
+        [sys.executable, str(BENCH / name), "--quick", "--json", *flags],
         capture_output=True,
         text=True,
         timeout=RUN_S,
@@ -118,6 +118,29 @@ def test_serving_reports_throughput_losses_and_latency_through_failures() -> Non
     assert all(positive(v) for v in figures["p99_ms"].values()), figures
     dip = figures["dip_s"]
     assert isinstance(dip, (int, float)) and math.isfinite(dip) and dip >= 0, figures
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_serving_reports_losses_latency_and_dips_through_a_rollout() -> None:
+    figures = run_bench("serving.py", "--rollout")
+    assert set(figures) == {"steady_rps", "lost", "duplicates", "p99_ms", "dip_s", "rollout"}
+    assert positive(figures["steady_rps"]), figures
+    assert error_count(figures["lost"]) and error_count(figures["duplicates"]), figures
+    assert set(figures["p99_ms"]) == {"steady", "during_rollout"}
+    assert all(positive(v) for v in figures["p99_ms"].values()), figures
+    rollout = figures["rollout"]
+    keys = {"replaced", "window_s", "complete", "during_rps", "window_dip_s", "restarts", "per_replica"}
+    assert set(rollout) == keys, rollout
+    # Whether every replica was replaced and back before the stream ended is the bench's target
+    # (a slow start of the new template's spares may miss it): here, that the rollout began.
+    assert positive(rollout["replaced"]) and isinstance(rollout["complete"], bool), rollout
+    assert positive(rollout["window_s"]) and positive(rollout["during_rps"]), rollout
+    assert error_count(rollout["restarts"]), rollout
+    assert len(rollout["per_replica"]) == rollout["replaced"], rollout
+    assert all(r["replica"] in (1, 2) for r in rollout["per_replica"]), rollout
+    dips = [figures["dip_s"], rollout["window_dip_s"], *(r["dip_s"] for r in rollout["per_replica"])]
+    assert all(isinstance(d, (int, float)) and math.isfinite(d) and d >= 0 for d in dips), figures
+    assert all(r["back_s"] is None or positive(r["back_s"]) for r in rollout["per_replica"]), rollout
 
 
 @pytest.mark.timeout(RUN_S + 60)
