@@ -559,15 +559,16 @@ def test_warm_spares_take_a_killed_members_place(
         assert sorted(refilled) == [f"{name}-w1-spare-b"], sorted(refilled)
         _assert_world2_untouched(kube_node, operator, kube, name)
 
-        # A new template for w1: its spares of the old one are deleted, and not one plays.
+        # A new template for w1, its rollout paused (a journey of its own): its spares of the old
+        # one are deleted, and not one plays.
         manifest = json.loads(kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "-o", "json"))
         template = manifest["spec"]["template"]
         (container,) = template["spec"]["containers"]
         container["env"] = [*container.get("env", []), {"name": "TEMPLATE_EDIT", "value": "1"}]
         (w1,) = [m for m in manifest["spec"]["members"] if m["name"] == "w1"]
         members = [{**m, "template": template} if m is w1 else m for m in manifest["spec"]["members"]]
-        kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
-                "-p", json.dumps({"spec": {"members": members}}))  # fmt: skip
+        patch = {"spec": {"members": members, "updateStrategy": {"paused": True}}}
+        kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge", "-p", json.dumps(patch))
         wait_for("w1's spares of the old template gone", lambda: not set(refilled) & set(kube.pods(name)), WAIT_S)
         signal_container(kube_node, kube.pods(name)[played[f"{name}-w1-1"]], "SIGKILL")
         status = _wait_running(kube, name, {"world1": 3, "world2": 1})

@@ -166,7 +166,8 @@ def test_printer_columns_show_phase_worlds_and_restarts(api: client.ApiClient) -
 
     def row() -> list[Any] | None:  # a list may be served from the watch cache a moment behind
         table = _get(api, path, accept)
-        assert [c["name"] for c in table["columnDefinitions"]][:5] == ["Name", "Phase", "Worlds", "Restarts", "Age"]
+        names = [c["name"] for c in table["columnDefinitions"]][:6]
+        assert names == ["Name", "Phase", "Worlds", "Restarts", "Updated", "Age"]
         cells = next((r["cells"] for r in table["rows"] if r["cells"][0] == "columns"), None)
         return cells if cells and cells[1] else None
 
