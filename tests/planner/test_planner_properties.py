@@ -416,3 +416,44 @@ def test_spec_edits_touch_only_what_changed(pair: tuple[MultiWorld, MultiWorld])
     assert result.status.restarts == old.restarts
     check_consistency(after, sim, result)
     check_idempotent(sim, sim.observation(), result)
+
+
+@SETTINGS
+@given(
+    mw=topologies(),
+    edited=st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
+    room=st.integers(1, 3),
+)
+def test_a_rollout_replaces_each_old_pod_once_within_its_room_and_restarts_nothing(
+    mw: MultiWorld, edited: list[int], room: int
+) -> None:
+    """Any members' templates edited on a running MultiWorld: every pod of an edited member is
+    replaced once by one of its new template, never more than `maxUnavailable` pods at a time
+    are replaced, no restart is counted, no pod of an unedited member moves, and every world
+    runs again."""
+    sim = Sim(mw)
+    for _ in range(4):  # up, with every pool full
+        sim.settle()
+        sim.start_all()
+        sim.step()
+    data = mw.model_dump(by_alias=True, exclude_none=True)
+    names = [m["name"] for m in data["spec"]["members"]]
+    changed = {names[i % len(names)] for i in edited}
+    for member in data["spec"]["members"]:
+        if member["name"] in changed:
+            member["template"] = {"spec": {"containers": [{"name": "c", "image": "new"}]}}
+    data["spec"]["updateStrategy"] = {"maxUnavailable": room}
+    sim.mw = MultiWorld.model_validate(data)
+    replaced: list[str] = []
+    for _ in range(40):
+        result = sim.step()
+        rolled = [d.pod for d in result.deletes if d.reason.startswith("rolling out")]
+        rolled += [a.plays for a in result.assigns]
+        assert len(rolled) <= room, rolled
+        replaced += rolled
+        sim.start_all()
+    assert sim.status is not None and sim.status.restarts == 0
+    expected = {p for m in changed for p in sim.mw.pods_of(m)}
+    assert sorted(replaced) == sorted(expected), (replaced, expected)
+    assert sim.status.updated == f"{len(sim.mw.all_pods())}/{len(sim.mw.all_pods())}"
+    assert all(w.phase == "Running" for w in sim.status.worlds.values()), sim.status.worlds
