@@ -51,11 +51,11 @@ Rules (docs/architecture.md, "Recovery semantics"):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from multiworld.contract import JOIN_FAILED, Backend, BrokenWorldReport, WorldEntry, WorldTable
 
-from ..spec import MultiWorld, parse_duration, spare_name
+from ..spec import MultiWorld, spare_name
 from .model import (
     Action,
     AssignSpare,
@@ -401,12 +401,15 @@ class _Planning:
         if not outdated or strategy.paused or self.mw.spec.suspend:
             return
         room = strategy.max_unavailable - sum(self._unavailable(p) for p in self.pods)
+        old = set(outdated)  # sets: a world's pods are looked up in them once per world
         chosen: list[str] = []
+        taken: set[str] = set()
         # Whole worlds first: a world whose old pods all fit in the room moves once.
         for world in self.mw.spec.worlds:
-            pods = [p for p in self.worlds[world.name].pods if p in outdated and p not in chosen]
+            pods = [p for p in self.worlds[world.name].pods if p in old and p not in taken]
             if pods and len(chosen) + len(pods) <= room:
                 chosen += pods
+                taken.update(pods)
         if not chosen and room > 0:
             chosen = outdated[:room]
         for pod in chosen:
@@ -475,14 +478,20 @@ class _Planning:
         """A kept pod (made for an earlier epoch) that, `joinTimeout` after its world's epoch
         opened, has neither joined that epoch nor is joining it is replaced."""
         for name, state in self.worlds.items():
-            if not state.up or state.epoch_started is None:
+            deadline = self._join_deadline(name, state)
+            if deadline is None or self.now < deadline:
                 continue
             timeout = self.mw.world(name).failure_policy.join_timeout
-            if self.now < state.epoch_started + timedelta(seconds=parse_duration(timeout)):
-                continue
             for pod in state.pods:
                 if self._silent(pod, name, state.epoch):
                     self._replace(pod, f"did not join world {name} epoch {state.epoch} within {timeout}")
+
+    def _join_deadline(self, name: str, state: WorldStatus) -> datetime | None:
+        """When a kept pod of world `name` that is still silent in its epoch gets replaced (None:
+        the world is not up)."""
+        if not state.up or state.epoch_started is None:
+            return None
+        return state.epoch_started + timedelta(seconds=self.mw.world(name).failure_policy.join_timeout_seconds)
 
     def _silent(self, pod: str, world: str, epoch: int) -> bool:
         """Whether `pod` was kept from an earlier epoch of `world` and its running worker shows
@@ -892,13 +901,8 @@ class _Planning:
         """Until the next backoff ends, or the next join timeout of a world with a silent pod."""
         waits = [(s.restart_at - self.now).total_seconds() for s in self.worlds.values() if s.restart_at]
         for name, state in self.worlds.items():
-            if (
-                state.up
-                and state.epoch_started is not None
-                and any(self._silent(pod, name, state.epoch) for pod in state.pods)
-            ):
-                timeout = parse_duration(self.mw.world(name).failure_policy.join_timeout)
-                deadline = state.epoch_started + timedelta(seconds=timeout)
+            deadline = self._join_deadline(name, state)
+            if deadline is not None and any(self._silent(pod, name, state.epoch) for pod in state.pods):
                 waits.append(max(0.0, (deadline - self.now).total_seconds()))
         return min(waits) if waits else None
 
