@@ -37,12 +37,35 @@ MEMBER_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 MEMBER_WAIT_S = 180.0
 
 
-def parser(description: str | None) -> argparse.ArgumentParser:
-    """Flags every bench has: --quick (smallest settings, for the smoke test) and --json."""
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument("--quick", action="store_true", help="smallest settings: checks the bench runs, not the figures")
-    p.add_argument("--json", action="store_true", help="end with the results as one JSON line")
-    return p
+class BenchParser(argparse.ArgumentParser):
+    """Flags every bench has: --quick (smallest settings, for the smoke test) and --json; and
+    settings whose default depends on --quick (`setting`), resolved by `parse_args`."""
+
+    def __init__(self, description: str | None) -> None:
+        super().__init__(description=description)
+        self.add_argument(
+            "--quick", action="store_true", help="smallest settings: checks the bench runs, not the figures"
+        )
+        self.add_argument("--json", action="store_true", help="end with the results as one JSON line")
+        self._by_quick: dict[str, tuple[float, float]] = {}
+
+    def setting(self, flag: str, convert: type, full: float, quick: float, help: str) -> None:
+        """A positive number `flag`: `full` by default, `quick` with --quick."""
+        action = self.add_argument(
+            flag, type=positive(convert), default=None, help=f"{help} (default {full:g}; {quick:g} with --quick)"
+        )
+        self._by_quick[action.dest] = (full, quick)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]  # one signature: argparse's overloads add nothing here
+        parsed = super().parse_args(args, namespace)
+        for dest, (full, quick) in self._by_quick.items():
+            if getattr(parsed, dest) is None:
+                setattr(parsed, dest, quick if parsed.quick else full)
+        return parsed
+
+
+def parser(description: str | None) -> BenchParser:
+    return BenchParser(description)
 
 
 def credentials_flag(p: argparse.ArgumentParser) -> None:

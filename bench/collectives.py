@@ -63,19 +63,14 @@ Op = Callable[[], Awaitable[None]]
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument(
+    p.setting(
         "--budget",
-        type=common.positive(float),
-        default=None,
-        help="seconds of measuring per op and size (default 8.0; 0.2 with --quick); "
-        f"{LARGE_BUDGET_FACTOR:g} times that from {LARGE_FROM >> 20} MiB up",
+        float,
+        8.0,
+        0.2,
+        f"seconds of measuring per op and size, {LARGE_BUDGET_FACTOR:g} times that from {LARGE_FROM >> 20} MiB up",
     )
-    p.add_argument(
-        "--min-rounds",
-        type=common.positive(int),
-        default=None,
-        help="rounds per op and size at the least (default 8; 3 with --quick)",
-    )
+    p.setting("--min-rounds", int, 8, 3, "rounds per op and size at the least")
     p.add_argument(
         "--sizes",
         type=lambda s: tuple(int(x) for x in s.split(",")),
@@ -92,8 +87,6 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.add_argument("--member", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--ports", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.budget = args.budget or (0.2 if args.quick else 8.0)
-    args.min_rounds = args.min_rounds or (3 if args.quick else 8)
     args.sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     unknown = set(args.ops) - set(OPS)
     if unknown:

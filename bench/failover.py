@@ -54,28 +54,12 @@ SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] ?")
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument(
-        "--trials", type=common.positive(int), default=None, help="trials per scenario (default 5; 1 with --quick)"
-    )
-    p.add_argument(
-        "--quiet-s",
-        type=common.positive(float),
-        default=None,
-        help="seconds of steady state before each signal, also the quiet window (default 1.0)",
-    )
-    p.add_argument(
-        "--after-s",
-        type=common.positive(float),
-        default=None,
-        help="seconds after each detection that still count as the failure window (default 1.0)",
-    )
+    p.setting("--trials", int, 5, 1, "trials per scenario")
+    p.setting("--quiet-s", float, 1.0, 0.5, "seconds of steady state before each signal, also the quiet window")
+    p.setting("--after-s", float, 1.0, 0.5, "seconds after each detection that still count as the failure window")
     p.add_argument("--member", choices=["survivor", "peer", "spawner"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    args.trials = args.trials or (1 if args.quick else 5)
-    args.quiet_s = args.quiet_s or (0.5 if args.quick else 1.0)
-    args.after_s = args.after_s or (0.5 if args.quick else 1.0)
-    return args
+    return p.parse_args(argv)
 
 
 # ---- the member side -------------------------------------------------------------------------

@@ -75,21 +75,12 @@ def parse_args(argv: Sequence[str] | None) -> Any:
         help="numbers of worlds two processes share, comma-separated; empty: none (default 1,20,200; 1,3 with --quick)",
     )
     p.add_argument("--trials", type=common.positive(int), default=1, help="pairs of processes per size and frozen side")
-    p.add_argument(
-        "--idle-s", type=common.positive(float), default=None, help="idle CPU window (default 10; 2 with --quick)"
-    )
-    p.add_argument(
-        "--window-s",
-        type=common.positive(float),
-        default=None,
-        help="request counting window (default 5; 1 with --quick)",
-    )
+    p.setting("--idle-s", float, 10.0, 2.0, "idle CPU window")
+    p.setting("--window-s", float, 5.0, 1.0, "request counting window")
     p.add_argument("--member", choices=["counter", "pair"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.ranks = args.ranks if args.ranks is not None else ([2, 4] if args.quick else [4, 16])
     args.worlds = args.worlds if args.worlds is not None else ([1, 3] if args.quick else [1, 20, 200])
-    args.idle_s = args.idle_s or (2.0 if args.quick else 10.0)
-    args.window_s = args.window_s or (1.0 if args.quick else 5.0)
     return args
 
 

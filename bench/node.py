@@ -112,12 +112,9 @@ TOP_LEVEL = {"new_pods": "node_recovery_s", "one_spare": "spare_recovery_s", "re
 
 def parse_args(argv: list[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument(
-        "--kills", type=common.positive(int), default=None, help="kills per scenario (default 5; 2 with --quick)"
-    )
+    p.setting("--kills", int, 5, 2, "kills per scenario")
     p.add_argument("--cluster", type=Path, help="a running cluster's folder (with a node) instead of a new one")
     args = p.parse_args(argv)
-    args.kills = args.kills or (2 if args.quick else 5)
     args.sizes = QUICK_SIZES if args.quick else SIZES
     return args
 

@@ -53,23 +53,10 @@ KUBELET_ENCODING = "json"
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument(
-        "--failures",
-        type=common.positive(int),
-        default=None,
-        help="pod failures timed for react (default 20; 3 with --quick)",
-    )
-    p.add_argument(
-        "--repeats",
-        type=common.positive(int),
-        default=None,
-        help="world failures counted per MultiWorld size (default 3; 1 with --quick)",
-    )
+    p.setting("--failures", int, 20, 3, "pod failures timed for react")
+    p.setting("--repeats", int, 3, 1, "world failures counted per MultiWorld size")
     common.credentials_flag(p)
-    args = p.parse_args(argv)
-    args.failures = args.failures or (3 if args.quick else 20)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    return args
+    return p.parse_args(argv)
 
 
 # ---- one failure -------------------------------------------------------------------------------

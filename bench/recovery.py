@@ -83,12 +83,7 @@ ASSIGNED = re.compile(r"SpareAssigned: warm spare (\S+) plays (\S+) ")
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument(
-        "--kills",
-        type=common.positive(int),
-        default=None,
-        help="how many times w1:1 is killed (default 5; 1 with --quick)",
-    )
+    p.setting("--kills", int, 5, 1, "how many times w1:1 is killed")
     p.add_argument(
         "--first-after",
         type=common.positive(float),
@@ -124,7 +119,6 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     )
     p.add_argument("--keep-logs", action="store_true", help="keep the members' logs (their folder is printed)")
     args = p.parse_args(argv)
-    args.kills = args.kills or (1 if args.quick else 5)
     args.spares = args.spares or list(DEFAULT_SPARES)
     # Checked here, as the runner will read them, so that a bad choice fails before any run.
     from multiworld_operator.local.runner import with_spares

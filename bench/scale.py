@@ -66,30 +66,12 @@ def parse_args(argv: Sequence[str] | None) -> Any:
         default=None,
         help=f"MultiWorld sizes in worlds (default {' '.join(map(str, SIZES))})",
     )
-    p.add_argument(
-        "--failures",
-        type=common.positive(int),
-        default=None,
-        help=f"failures timed per size (default {FAILURES}; 3 with --quick)",
-    )
-    p.add_argument(
-        "--object-worlds",
-        type=common.positive(int),
-        default=None,
-        help=f"the size whose object alone is measured (default {OBJECT_WORLDS}; 20 with --quick)",
-    )
-    p.add_argument(
-        "--many",
-        type=common.positive(int),
-        default=None,
-        help=f"MultiWorlds of {MANY_WORLDS} worlds for the many-MultiWorlds figure (default {MANY}; 3 with --quick)",
-    )
+    p.setting("--failures", int, FAILURES, 3, "failures timed per size")
+    p.setting("--object-worlds", int, OBJECT_WORLDS, 20, "the size whose object alone is measured")
+    p.setting("--many", int, MANY, 3, f"MultiWorlds of {MANY_WORLDS} worlds for the many-MultiWorlds figure")
     common.credentials_flag(p)
     args = p.parse_args(argv)
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
-    args.failures = args.failures or (3 if args.quick else FAILURES)
-    args.object_worlds = args.object_worlds or (20 if args.quick else OBJECT_WORLDS)
-    args.many = args.many or (3 if args.quick else MANY)
     return args
 
 

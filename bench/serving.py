@@ -93,54 +93,39 @@ RUN_SLACK_S = 180.0
 
 def parse_args(argv: Sequence[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--replicas", type=common.positive(int), default=None, help="replicas (default 4; 2 with --quick)")
+    p.setting("--replicas", int, 4, 2, "replicas")
     p.add_argument("--kills", type=common.positive(int), default=None, help="replica kills (default 5; 2 with --quick)")
-    p.add_argument(
+    p.setting(
         "--every",
-        type=common.positive(float),
-        default=None,
-        help="seconds between kills; with --rollout the stream goes on for (replicas + 1) times this after the "
-        "edit (default 10; 4 with --quick)",
+        float,
+        10.0,
+        4.0,
+        "seconds between kills; with --rollout the stream goes on for (replicas + 1) times this after the edit",
     )
     p.add_argument(
         "--rollout",
         action="store_true",
         help="instead of kills, edit every replica's template at the first kill's time (a rollout pod by pod)",
     )
-    p.add_argument(
-        "--steady",
-        type=common.positive(float),
-        default=None,
-        help="seconds of the steady window before the first kill (default 10; 3 with --quick)",
-    )
-    p.add_argument(
+    p.setting("--steady", float, 10.0, 3.0, "seconds of the steady window before the first kill")
+    p.setting(
         "--warmup",
-        type=common.positive(float),
-        default=None,
-        help="seconds after every world first ran before the steady window, while the runner "
-        "starts its warm spares, one per replica (default 5; 3 with --quick)",
+        float,
+        5.0,
+        3.0,
+        "seconds after every world first ran before the steady window, while the runner starts its warm spares, "
+        "one per replica",
     )
-    p.add_argument(
-        "--capacity-requests",
-        type=common.positive(int),
-        default=None,
-        help="requests of the capacity run (default 3000; 300 with --quick)",
-    )
+    p.setting("--capacity-requests", int, 3000, 300, "requests of the capacity run")
     p.add_argument(
         "--keep-logs", action="store_true", help="keep the members' logs and traces (their folder is printed)"
     )
     args = p.parse_args(argv)
     if args.rollout and args.kills is not None:
         p.error("--kills and --rollout: a rollout run has no kills")
-    quick = args.quick
-    args.replicas = args.replicas or (2 if quick else 4)
     if args.replicas < 2:
         p.error(f"--replicas: a failure needs another replica to serve, so at least 2, got {args.replicas}")
-    args.kills = args.kills or (2 if quick else 5)
-    args.every = args.every or (4.0 if quick else 10.0)
-    args.steady = args.steady or (3.0 if quick else 10.0)
-    args.warmup = args.warmup or (3.0 if quick else 5.0)
-    args.capacity_requests = args.capacity_requests or (300 if quick else 3000)
+    args.kills = args.kills or (2 if args.quick else 5)
     return args
 
 
