@@ -201,6 +201,17 @@ def start_seed_topology(example: str, flags: Sequence[str], backend: str = "gloo
     }
 
 
+def start_from_table(
+    example: str, table: WorldTable, flags: Sequence[str], table_url: str = ""
+) -> dict[str, ExampleProcess]:
+    """The five processes of the seed topology, their worlds from the contract environment
+    (`table`, and the live table at `table_url` when one is given) instead of --worldinfo."""
+    return {
+        pod: ExampleProcess(pod, [example_script(example), *flags], member_env(table, pod, table_url))
+        for pod in SEED_TOPOLOGY
+    }
+
+
 def stop_all(processes: Iterable[ExampleProcess]) -> None:
     for process in processes:
         process.kill()

@@ -21,6 +21,7 @@ from examples_harness import (
     free_base_port,
     member_env,
     seed_table,
+    start_from_table,
     stop_all,
 )
 
@@ -58,10 +59,7 @@ class Platform:
 
 def start_members(example: str, table: WorldTable, platform: Platform, flags: list[str]) -> dict[str, ExampleProcess]:
     platform.publish(table)
-    return {
-        pod: ExampleProcess(pod, [example_script(example), *flags], member_env(table, pod, platform.url))
-        for pod in SEED_TOPOLOGY
-    }
+    return start_from_table(example, table, flags, platform.url)
 
 
 @pytest.mark.parametrize("example", sorted(EXPECTED))

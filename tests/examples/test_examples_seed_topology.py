@@ -16,12 +16,10 @@ from examples_expected import (
 from examples_harness import (
     BACKENDS,
     SEED_TOPOLOGY,
-    ExampleProcess,
     assert_all_exit_zero,
-    example_script,
     free_base_port,
-    member_env,
     seed_table,
+    start_from_table,
     start_seed_topology,
 )
 
@@ -51,10 +49,7 @@ def test_example_prints_the_operation_results(example: str, backend: str) -> Non
 def test_worlds_from_the_contract_environment() -> None:
     """No --worldinfo: the worlds come from MULTIWORLD_POD / MULTIWORLD_WORLDS (no live table)."""
     table = seed_table(free_base_port())
-    processes = {
-        pod: ExampleProcess(pod, [example_script("all_reduce"), *FAST], member_env(table, pod, ""))
-        for pod in SEED_TOPOLOGY
-    }
+    processes = start_from_table("all_reduce", table, FAST)
     assert_all_exit_zero(processes)
     for name, process in processes.items():
         check_steps(process, SEED_TOPOLOGY[name], all_reduce_lines, range(1, STEPS + 1))

@@ -1,3 +1,5 @@
+import pytest
+
 from multiworld_operator.local.summary import WorldTracker
 from multiworld_operator.local.view import WorldRow, format_table
 
@@ -22,24 +24,24 @@ def test_failure_without_injection_is_timed_from_when_it_was_seen():
     assert (summary.failures, summary.recovery_seconds, summary.errors) == (2, [1.0], 4)
 
 
-def test_an_exhausted_world_counts_its_last_failure_once():
-    """Out of restarts, a world goes Failed at the epoch it had: that failure counts too."""
+@pytest.mark.parametrize(
+    ("then", "failures"),
+    [
+        # Out of restarts, a world goes Failed at the epoch it had: that failure counts too.
+        ([("Failed", 1), ("Failed", 1)], 1),
+        # A rollout, a resume or a spec edit moves the epoch and restarts nothing.
+        ([("Pending", 2), ("Running", 2)], 0),
+    ],
+    ids=["exhausted world: its last failure once", "new epoch without a restart: no failure"],
+)
+def test_failures_counted_after_a_run(then: list[tuple[str, int]], failures: int) -> None:
     tracker = WorldTracker()
     tracker.observe("Running", 1, 0, True, now=1.0)
-    tracker.observe("Failed", 1, 0, False, now=2.0)
-    tracker.observe("Failed", 1, 0, False, now=3.0)
-    summary = tracker.summary("Failed", 1, errors=1)
-    assert (summary.failures, summary.recoveries) == (1, 0)
-
-
-def test_a_new_epoch_without_a_restart_is_no_failure():
-    """A rollout, a resume or a spec edit moves the epoch and restarts nothing."""
-    tracker = WorldTracker()
-    tracker.observe("Running", 1, 0, True, now=1.0)
-    tracker.observe("Pending", 2, 0, False, now=2.0)
-    tracker.observe("Running", 2, 0, True, now=3.0)
-    summary = tracker.summary("Running", 2, errors=0)
-    assert (summary.failures, summary.recoveries) == (0, 0)
+    for now, (phase, epoch) in enumerate(then, start=2):
+        tracker.observe(phase, epoch, 0, phase == "Running", now=float(now))
+    phase, epoch = then[-1]
+    summary = tracker.summary(phase, epoch, errors=0)
+    assert (summary.failures, summary.recoveries) == (failures, 0)
 
 
 def test_live_table_columns_line_up():

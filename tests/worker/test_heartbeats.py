@@ -113,30 +113,10 @@ def test_a_frozen_process_is_seen_in_every_world_it_shares(spawn) -> None:
     all three break, w1 and w2 because P's heartbeat stopped, w3 because its store host froze."""
     p1, p2, p3 = free_ports(3)
     args = {"detect": TEST_DETECT, "worlds": {"w1": "idle", "w2": "idle", "w3": "idle"}}
-    leader = spawn(
-        "steady",
-        args,
-        static_env(
-            "L",
-            [
-                assignment("w1", 0, 2, p1),
-                assignment("w2", 0, 2, p2),
-                assignment("w3", 1, 2, p3),
-            ],
-        ),
-    )
-    peer = spawn(
-        "steady",
-        args,
-        static_env(
-            "P",
-            [
-                assignment("w1", 1, 2, p1),
-                assignment("w2", 1, 2, p2),
-                assignment("w3", 0, 2, p3),
-            ],
-        ),
-    )
+    # world: (L's rank, its port); P holds the other rank of each.
+    ranks = {"w1": (0, p1), "w2": (0, p2), "w3": (1, p3)}
+    leader = spawn("steady", args, static_env("L", [assignment(w, r, 2, port) for w, (r, port) in ranks.items()]))
+    peer = spawn("steady", args, static_env("P", [assignment(w, 1 - r, 2, port) for w, (r, port) in ranks.items()]))
     leader.wait_for("joined")
     peer.wait_for("joined")
     peer.signal(signal.SIGSTOP)
