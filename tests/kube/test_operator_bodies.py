@@ -24,8 +24,8 @@ from multiworld.contract import (
     WorldTable,
 )
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, pod_body
-from multiworld_operator.kube.memory import MEMORY_KEY, memory_body, read_memory
 from multiworld_operator.kube.observe import observe_pods
+from multiworld_operator.kube.planner_memory import MEMORY_KEY, memory_body, read_memory
 from multiworld_operator.kube.pod_cache import PodCache
 from multiworld_operator.kube.ports import PORT_BASE, PORT_SPAN, preferred_port, world_ports
 from multiworld_operator.kube.refusal import refusal_patch

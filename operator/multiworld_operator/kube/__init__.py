@@ -10,11 +10,19 @@ Events).
 - `observe`: pods as the API returns them -> the planner's Observation parts (pure).
 - `pod_cache`: a MultiWorld's pods as last seen, kept current by the watch and our own writes (pure).
 - `world_tables`: the live world table, one ConfigMap per world (pure).
-- `memory`: the planner's whole status, kept in a ConfigMap across operator restarts (pure).
+- `planner_memory`: the planner's whole status, kept in a ConfigMap across operator restarts (pure).
 - `refusal`: the status an invalid spec or a failed step gets (pure).
+- `errors`: what a step fails with, how a failure reads, and names taken by objects not ours (pure).
 - `api`: the few API calls the operator makes, async, with timeouts (the request timeout, merge
-  patches, Event bodies and the API's error text are shared with the worker: multiworld.kube_api).
-- `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store status.
+  patches, Event bodies and the API's error text are shared with the worker: multiworld.kube_api),
+  and `gather_bounded`, which keeps a step's requests in flight a few at a time.
+- `configmap_writer`: one MultiWorld's ConfigMaps written at the resourceVersion last seen.
+- `memory_store`: the planner's memory read once and stored whenever it changed.
+- `table_publisher`: the world table's ConfigMaps made to hold the planner's table.
+- `networking`: the headless Service and the NetworkPolicy made to exist as the spec wants.
+- `status_writer`: the status subresource: the planner's view, a refusal, a failed step.
+- `events`: the Events on a MultiWorld, best effort, a recurring refusal posted once.
+- `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store.
 - `controller`: one reconcile loop per MultiWorld, woken by watch events.
 - `handlers`: the kopf handlers (they only wake loops); `main.run_operator` runs kopf.
 """

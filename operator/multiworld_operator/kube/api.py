@@ -27,7 +27,7 @@ T = TypeVar("T")
 CONCURRENCY = 8
 
 
-async def each(calls: Iterable[Awaitable[T]]) -> list[T]:
+async def gather_bounded(calls: Iterable[Awaitable[T]]) -> list[T]:
     """Await `calls`, at most CONCURRENCY at a time; their results in order."""
     gate = asyncio.Semaphore(CONCURRENCY)
 

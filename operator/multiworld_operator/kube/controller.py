@@ -19,7 +19,8 @@ from kubernetes.client.rest import ApiException
 from multiworld.kube_api import Backoff, api_message
 
 from .api import KubeApi
-from .reconcile import CreateRefused, MultiWorldGone, Reconciler
+from .errors import CreateRefused, MultiWorldGone
+from .reconcile import Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ class Controller:
     def service_deleted(self, namespace: str, multiworld: str) -> None:
         loop = self.loops.get((namespace, multiworld))
         if loop is not None:
-            loop.reconciler.service_known = False
+            loop.reconciler.service_deleted()
             loop.poke()
 
     async def stop(self) -> None:

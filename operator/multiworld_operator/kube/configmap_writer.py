@@ -1,0 +1,34 @@
+"""Writes one MultiWorld's ConfigMaps (the planner's memory, the world table's entries), each
+replaced at the resourceVersion this operator last wrote or read, so a write never needs a read
+first while nobody else touched the ConfigMap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .api import KubeApi
+
+
+class ConfigMapWriter:
+    def __init__(self, api: KubeApi, namespace: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        # ConfigMap name -> the resourceVersion last written or read.
+        self._versions: dict[str, str] = {}
+
+    def read_at(self, name: str, version: str) -> None:
+        """The ConfigMap `name` was read at `version`."""
+        self._versions[name] = version
+
+    async def write(self, body: dict[str, Any]) -> bool:
+        """Create or replace the ConfigMap; False when its name is taken by one not ours (left alone)."""
+        name = body["metadata"]["name"]
+        version = await self.api.write_configmap(self.namespace, body, self._versions.get(name))
+        if version is None:
+            return False
+        self._versions[name] = version
+        return True
+
+    async def delete(self, name: str) -> None:
+        await self.api.delete_configmap(self.namespace, name)
+        self._versions.pop(name, None)
