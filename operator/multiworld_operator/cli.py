@@ -1,4 +1,4 @@
-"""`multiworld run | operator | crd`: one entry point, each command imported only when used
+"""`multiworld run | status | operator | crd`: one entry point, each command imported only when used
 (the local runner needs no kopf, the operator needs no torch)."""
 
 from __future__ import annotations
@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         "replace a dead pod at once (0: none)",
     )
 
+    status = sub.add_parser(
+        "status", help="show a MultiWorld on a cluster (or every MultiWorld of a namespace), from the kubeconfig"
+    )
+    status.add_argument("name", nargs="?", help="the MultiWorld (default: list the namespace's MultiWorlds)")
+    status.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's)")
+    status.add_argument("-w", "--watch", action="store_true", help="show it again on every change")
+    status.add_argument("--kubeconfig", help="the kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+
     op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
     op.add_argument("--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
@@ -102,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         from multiworld_operator.local.runner import run_from_args
 
         return run_from_args(args)
+    if args.command == "status":
+        from multiworld_operator.kube.status_command import show
+
+        return show(args.name, args.namespace, args.watch, args.kubeconfig)
     from multiworld_operator.kube.main import run_operator
 
     return run_operator(namespaces=args.namespace, liveness=args.liveness)

@@ -215,6 +215,14 @@ def test_killed_worker_costs_only_its_world(
     assert f"pod {name}-w1-0 (rank 1) was deleted; restarting at epoch 3" in events, events
     status = kube.status(name)
     assert status["worlds"]["world1"]["restarts"] == 2 and status["worlds"]["world2"]["restarts"] == 0
+    shown = subprocess.run(
+        [str(Path(sys.executable).with_name("multiworld")), "status", name, "-n", operator.apps,
+         "--kubeconfig", str(kube_node.kubeconfig)],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    rows = {line.split()[0]: line.split() for line in shown.splitlines() if line.startswith("world")}
+    assert rows["world1"][:7] == ["world1", "Running", "3", "3/3", "2", "PodDeleted", f"{name}-w1-0"], shown
+    assert rows["world2"] == ["world2", "Running", "1", "3/3", "0"], shown
     node_outcome = {w: (s["phase"], s["epoch"]) for w, s in status["worlds"].items()}
 
     # The same manifest and the same kill, run by `multiworld run` on this machine.
