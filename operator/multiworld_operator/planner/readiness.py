@@ -1,0 +1,71 @@
+"""How far each world that is up has come at its epoch: Succeeded once every rank finished,
+its ready ranks, Running once all of them joined (WorldReady, or WorldRecovered after a failure),
+and while it forms, what its pods wait for (a WorldWaiting Event when that is more than a
+container starting).
+"""
+
+from __future__ import annotations
+
+from .status import WorldStatus
+from .step import Step
+
+
+def finish_worlds(step: Step) -> None:
+    """A world that is up and whose every pod finished is Succeeded."""
+    for name, state in step.worlds.items():
+        if state.up and all(step.finished(pod) for pod in state.pods):
+            state.phase, state.ready_ranks = "Succeeded", 0
+            step.event("Normal", "WorldSucceeded", name, f"world {name}: every rank finished")
+
+
+def count_ready(step: Step) -> None:
+    """Each world that is up: its ready ranks and waiting pods; Running once all are ready."""
+    for name, state in step.worlds.items():
+        if not state.up:
+            continue
+        state.ready_ranks = sum(step.ready(pod, name, state.epoch) for pod in state.pods)
+        _note_waiting(step, name, state)
+        if state.ready_ranks == state.size and state.phase != "Running":
+            recovered = state.phase == "Recovering"
+            how = "back" if recovered else "ready"
+            step.event(
+                "Normal",
+                "WorldRecovered" if recovered else "WorldReady",
+                name,
+                f"world {name} {how} with all {state.size} ranks at epoch {state.epoch}",
+            )
+            state.phase = "Running"
+
+
+def _note_waiting(step: Step, name: str, state: WorldStatus) -> None:
+    """The world's pods that are not running yet, with why; an Event once per epoch when one
+    waits for a reason beyond a container starting (unschedulable, an image pull, ...)."""
+    waiting = {}
+    for pod in state.pods:
+        seen = step.observed.get(step.playing(pod))
+        if seen is None:
+            waiting[pod] = "not created yet"
+        elif seen.phase == "Pending":
+            waiting[pod] = seen.waiting or "Pending"
+    before = step.previous.worlds.get(name)
+    told = (
+        before is not None and before.epoch == state.epoch and any(_worth_telling(r) for r in before.waiting.values())
+    )
+    state.waiting = waiting
+    stuck = {pod: reason for pod, reason in waiting.items() if _worth_telling(reason)}
+    if stuck and not told:
+        step.event(
+            "Warning",
+            "WorldWaiting",
+            name,
+            f"world {name} epoch {state.epoch} waits for "
+            + "; ".join(f"pod {pod}: {reason}" for pod, reason in stuck.items()),
+        )
+
+
+# Why a pod waits while it simply starts: not worth an Event.
+_STARTING = ("not created yet", "Pending", "ContainerCreating", "PodInitializing")
+
+
+def _worth_telling(reason: str) -> bool:
+    return not reason.startswith(_STARTING)

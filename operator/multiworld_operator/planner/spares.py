@@ -1,0 +1,132 @@
+"""Warm spares (`spares` of a member).
+
+- That many pods of the member's template wait for an identity. A member pod that needs a new
+  instance is played by the oldest ready spare of its member made from its current template
+  (Running, its worker waiting), instead of a new pod of its name; with none ready, a new pod is
+  created as without spares. A spare plays one member pod for the rest of its life, keeps its
+  own name, and takes that pod's ranks in the table. The pool refills once every member pod of a
+  world that is up has joined it (spares would compete with them for the machine); spares of an
+  older template, or beyond the count, are deleted.
+"""
+
+from __future__ import annotations
+
+from ..spec import spare_name
+from .model import AssignSpare, CreatePod, DeletePod
+from .status import UP_PHASES, PodRecord, SpareRecord
+from .step import Step
+
+
+def ready_spares(step: Step, member: str) -> int:
+    """How many spares of `member`'s current template are ready to play one of its pods."""
+    return sum(_ready_spare(step, name, spare, member) for name, spare in step.pool.items())
+
+
+def spares_wanted(step: Step, member: str) -> int:
+    """The member's `spares` while one of its worlds may still need a pod (is not Failed,
+    Succeeded or Suspended); else none."""
+    worlds = step.mw.worlds_of_member(member)
+    return step.mw.member(member).spares if any(step.worlds[w].phase in UP_PHASES for w in worlds) else 0
+
+
+def assign_spares(step: Step) -> None:
+    """A member pod that needs a new instance is played by its member's oldest ready spare."""
+    for pod in step.pods:
+        worlds = step.pod_worlds[pod]
+        if pod in step.records or not any(step.worlds[w].up for w in worlds):
+            continue
+        member, ordinal = step.mw.member_of_pod(pod)
+        if not step.mw.member(member).spares:
+            continue
+        ready = sorted(
+            (spare.serial, name) for name, spare in step.pool.items() if _ready_spare(step, name, spare, member)
+        )
+        if not ready:
+            continue
+        spare = ready[0][1]
+        step.records[pod] = PodRecord(
+            created_for={w: step.worlds[w].epoch for w in worlds},
+            observed=True,
+            spare=spare,
+            template=step.pool.pop(spare).template,
+        )
+        step.assigns.append(AssignSpare(pod=spare, plays=pod, member=member, ordinal=ordinal))
+        step.event("Normal", "SpareAssigned", None, f"warm spare {spare} plays {pod} (worlds {', '.join(worlds)})")
+
+
+def keep_spares(step: Step) -> None:
+    """Each member's pool holds `spares` spares of its current template: gone or ended ones
+    are dropped, outdated or surplus ones deleted, missing ones created (once no member pod
+    is starting)."""
+    members = {m.name: m for m in step.mw.spec.members}
+    wanted = {name: spares_wanted(step, name) for name, m in members.items() if m.spares}
+    kept: dict[str, list[str]] = {name: [] for name in members}
+    for name, spare in sorted(step.pool.items(), key=lambda item: item[1].serial):
+        seen = step.observed.get(name)
+        member = members.get(spare.member)
+        why = None
+        if seen is None and spare.observed:
+            why = "gone"
+        elif seen is not None and seen.phase in ("Failed", "Succeeded"):
+            why = "a warm spare that ended before it played a member pod"
+        elif member is None:
+            why = f"a warm spare of member {spare.member}, no longer in the spec"
+        elif spare.template != step.mw.template_digest(member.name):
+            why = f"a warm spare of an older template of member {member.name}"
+        elif len(kept[member.name]) >= wanted.get(member.name, 0):
+            why = f"a warm spare beyond the {wanted.get(member.name, 0)} member {member.name} keeps now"
+        if why is None:
+            assert member is not None
+            kept[member.name].append(name)
+            spare.observed = spare.observed or seen is not None
+            if seen is None:
+                step.creates.append(_create_spare(step, name, member.name))
+            continue
+        del step.pool[name]
+        if seen is not None:
+            step.deletes.append(DeletePod(pod=name, reason=why))
+    missing = {member: count - len(kept[member]) for member, count in wanted.items() if count > len(kept[member])}
+    if not missing or _member_pods_starting(step):
+        return
+    for member_name, count in missing.items():
+        for _ in range(count):
+            name = spare_name(step.mw.name, member_name, step.spare_serial)
+            step.pool[name] = SpareRecord(
+                member=member_name, template=step.mw.template_digest(member_name), serial=step.spare_serial
+            )
+            step.spare_serial += 1
+            step.creates.append(_create_spare(step, name, member_name))
+
+
+def _ready_spare(step: Step, name: str, spare: SpareRecord, member: str) -> bool:
+    seen = step.observed.get(name)
+    return (
+        spare.member == member
+        and spare.template == step.mw.template_digest(member)
+        and seen is not None
+        and seen.phase == "Running"
+        and seen.warm
+    )
+
+
+def _create_spare(step: Step, name: str, member: str) -> CreatePod:
+    return CreatePod(
+        pod=name,
+        member=member,
+        ordinal=None,
+        created_for={},
+        worlds=[],
+        template=step.mw.template_of(member),
+        spare=True,
+    )
+
+
+def _member_pods_starting(step: Step) -> bool:
+    """Whether a member pod of a world that is up has not joined it yet (a local process
+    runs from the moment it is spawned: its imports are still ahead of it)."""
+    for pod in step.pods:
+        for world in step.pod_worlds[pod]:
+            state = step.worlds[world]
+            if state.up and not step.ready(pod, world, state.epoch):
+                return True
+    return False
