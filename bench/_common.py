@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multiworld_operator.local.runner import free_store_ports
+from multiworld_operator.local.store_ports import free_store_ports
 
 REPO = Path(__file__).resolve().parents[1]
 # The harness the tests share with the benches (tests/harness/, a package), found by name: ahead

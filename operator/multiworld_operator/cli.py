@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(crd_yaml())
         return 0
     if args.command == "run":
-        from multiworld_operator.local.runner import run_from_args
+        from multiworld_operator.local.run_command import run_from_args
 
         return run_from_args(args)
     if args.command == "status":

@@ -17,7 +17,7 @@ from harness import members
 
 from multiworld.contract import BrokenWorldReport, WorkerEnv, WorkerStatus, WorldAssignment, WorldEntry, WorldTable
 from multiworld_operator.local.channel_server import ChannelServer
-from multiworld_operator.local.runner import free_store_ports
+from multiworld_operator.local.store_ports import free_store_ports
 
 MEMBER = Path(__file__).with_name("member.py")
 WAIT = members.WAIT_S

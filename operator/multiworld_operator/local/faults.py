@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+from ..planner import MultiWorldStatus
+from ..spec import MultiWorld
 
 
 @dataclass(frozen=True)
@@ -92,3 +95,23 @@ class FaultSchedule:
             due.append(self._next_chaos)
             self._next_chaos = next(self._chaos, None)
         return due
+
+
+def kill_target(
+    kill: Kill,
+    multiworld: MultiWorld,
+    status: MultiWorldStatus | None,
+    running: Callable[[str], bool],
+    rng: random.Random,
+) -> tuple[str, str] | None:
+    """The member pod `kill` hits and the process that plays it (a warm spare, where one plays
+    it), drawn among the member's pods whose process runs; None when none runs."""
+    pods = multiworld.pods_of(kill.member)
+    if kill.ordinal is not None:
+        pods = [pods[kill.ordinal]]
+    playing = {pod: status.played_by_pod(pod) if status else pod for pod in pods}
+    pods = [p for p in pods if running(playing[p])]
+    if not pods:
+        return None
+    pod = rng.choice(pods)
+    return pod, playing[pod]

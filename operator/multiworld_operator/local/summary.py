@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from pydantic import BaseModel, Field
+
+from ..planner import MultiWorldStatus
+from ..spec import MultiWorld
 
 # A kill counts as the start of the failure it causes if the world fails within this long.
 FAULT_ATTRIBUTION_S = 10.0
@@ -76,3 +81,33 @@ class WorldTracker:
             recovery_seconds=self.recovery_seconds,
             errors=errors,
         )
+
+
+class WorldTrackers:
+    """A WorldTracker per world of a run."""
+
+    def __init__(self, worlds: Iterable[str]) -> None:
+        self.trackers = {world: WorldTracker() for world in worlds}
+
+    def fault_injected(self, worlds: Iterable[str], at: float) -> None:
+        for world in worlds:
+            self.trackers[world].fault_injected(at)
+
+    def observe(self, status: MultiWorldStatus, now: float) -> None:
+        for name, ws in status.worlds.items():
+            self.trackers[name].observe(ws.phase, ws.epoch, ws.restarts, ws.ready_ranks >= ws.size, now)
+
+    def summary(
+        self,
+        multiworld: MultiWorld,
+        status: MultiWorldStatus | None,
+        errors_of: Callable[[str], int],
+        orphans: int,
+    ) -> RunSummary:
+        worlds = {}
+        for world in multiworld.spec.worlds:
+            ws = status.worlds.get(world.name) if status else None
+            worlds[world.name] = self.trackers[world.name].summary(
+                phase=ws.phase if ws else "Pending", epoch=ws.epoch if ws else 1, errors=errors_of(world.name)
+            )
+        return RunSummary(worlds=worlds, orphans=orphans)

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
+
+from ..planner import MultiWorldStatus
+from ..spec import MultiWorld
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,27 @@ class WorldRow:
             str(self.restarts),
             str(self.errors),
         ]
+
+
+def world_rows(
+    multiworld: MultiWorld, status: MultiWorldStatus | None, errors_of: Callable[[str], int]
+) -> list[WorldRow]:
+    """A row per world of `multiworld`, as `status` has it (Pending before the first plan)."""
+    rows = []
+    for world in multiworld.spec.worlds:
+        ws = status.worlds.get(world.name) if status else None
+        rows.append(
+            WorldRow(
+                name=world.name,
+                phase=ws.phase if ws else "Pending",
+                epoch=ws.epoch if ws else 1,
+                ready=ws.ready_ranks if ws else 0,
+                size=len(multiworld.world_pods(world.name)),
+                restarts=ws.restarts if ws else 0,
+                errors=errors_of(world.name),
+            )
+        )
+    return rows
 
 
 HEADER = ["WORLD", "PHASE", "EPOCH", "RANKS UP", "RESTARTS", "ERRORS"]

@@ -1,0 +1,62 @@
+"""A local run follows its manifest file (the local `kubectl apply`): an edit of templates
+(rolled out per spec.updateStrategy), failure policies, spares or suspend applies to the
+running MultiWorld. Members, replicas and worlds stay as the run began; an edit that changes
+them, or is invalid, is refused and said."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ..spec import MultiWorld, SpecError
+from .launcher import Commands, check_commands, member_commands
+from .processes import TemplateError
+from .view import LiveView
+
+
+class ManifestFollower:
+    """`reload` reads the manifest again (None: nothing to follow); `watch` is its file, looked
+    at for a new modification time."""
+
+    def __init__(self, reload: Callable[[], MultiWorld] | None, watch: Path | None) -> None:
+        self.reload, self.watch = reload, watch
+        self.watched = _mtime(watch)
+
+    def edited(self, current: MultiWorld, workdir: Path, view: LiveView) -> tuple[MultiWorld, Commands] | None:
+        """The manifest as edited since last looked at, with its members' commands (run from
+        `workdir`); None when it was not edited, or the edit is refused (said in `view`)."""
+        mtime = _mtime(self.watch)
+        if self.reload is None or mtime == self.watched:
+            return None
+        self.watched = mtime
+        try:
+            edited = self.reload()
+            if _layout(edited) != _layout(current):
+                raise ValueError("its members, replicas and worlds differ: start the run again for that")
+            commands = member_commands(edited)
+            check_commands(edited, commands, workdir)
+        except (SpecError, ValueError, TemplateError, ValidationError, OSError) as exc:
+            view.event(f"manifest edit refused: {exc}")
+            return None
+        view.event("manifest edited: applying it")
+        return edited, commands
+
+
+def _mtime(path: Path | None) -> int | None:
+    try:
+        return None if path is None else path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _layout(multiworld: MultiWorld) -> tuple[object, ...]:
+    """What a running local MultiWorld keeps: its name, members' replicas, worlds and backends."""
+    spec = multiworld.spec
+    return (
+        multiworld.name,
+        spec.backend,
+        [(m.name, m.replicas) for m in spec.members],
+        [(w.name, w.ranks, w.backend) for w in spec.worlds],
+    )

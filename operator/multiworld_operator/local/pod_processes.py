@@ -1,0 +1,148 @@
+"""The pods of a local run as processes, and what their workers said over the channel: the
+planner's Observation of them, and the deletes, creates and spare assignments of its plans.
+
+A process plays the member pod it was created as, or (a warm spare) none until the planner
+assigns it one. Error counts are kept per incarnation while it lives and folded into the run's
+totals per world once it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from multiworld.contract import BrokenWorldReport, WorkerStatus
+
+from ..planner import CreatePod, Observation, PodObservation
+from .launcher import MemberLauncher
+from .processes import MemberProcess
+from .view import LiveView
+
+
+class PodProcesses:
+    """`on_change` is called whenever a process ended or a worker said something."""
+
+    def __init__(self, launcher: MemberLauncher, view: LiveView, on_change: Callable[[], None]) -> None:
+        self.launcher = launcher
+        self.view = view
+        self.on_change = on_change
+        self.procs: dict[str, MemberProcess] = {}
+        self.created_for: dict[str, dict[str, int]] = {}
+        # Per process: its member and ordinal (None: a warm spare, until it plays a member pod).
+        self.members: dict[str, tuple[str, int | None]] = {}
+        self.joined: dict[str, dict[str, int]] = {}
+        self.joining: dict[str, dict[str, int]] = {}
+        self.warm: set[str] = set()  # spares whose worker waits for an identity
+        self.reports: list[BrokenWorldReport] = []
+        self.errors: dict[str, dict[str, int]] = {}  # errors per world, of finished incarnations
+        self.live_errors: dict[str, dict[str, int]] = {}  # per pod, of its current incarnation
+        self.stopping = False
+
+    # --- what the workers say (the channel server's callbacks) ----------------------------
+    def on_report(self, report: BrokenWorldReport) -> None:
+        self.reports.append(report)
+        self.on_change()
+
+    def on_status(self, status: WorkerStatus) -> None:
+        if status.pod not in self.procs:
+            return
+        self.joined[status.pod] = dict(status.joined)
+        self.joining[status.pod] = dict(status.joining)
+        self.live_errors[status.pod] = dict(status.errors)
+        if status.waiting:
+            self.warm.add(status.pod)
+        else:
+            self.warm.discard(status.pod)
+        self.on_change()
+
+    # --- what the planner sees ------------------------------------------------------------
+    def observe(self) -> Observation:
+        """The processes as pods, and the reports since the last observation."""
+        pods = []
+        for name, proc in self.procs.items():
+            member, ordinal = self.members[name]
+            code = proc.returncode
+            phase = "Running" if code is None else ("Succeeded" if code == 0 else "Failed")
+            pods.append(
+                PodObservation(
+                    name=name,
+                    member=member,
+                    ordinal=ordinal or 0,
+                    phase=phase,
+                    created_for=self.created_for[name],
+                    joined=self.joined.get(name, {}),
+                    joining=self.joining.get(name, {}),
+                    warm=name in self.warm,
+                )
+            )
+        reports, self.reports = self.reports, []
+        return Observation(now=datetime.now(UTC), pods=pods, reports=reports)
+
+    def running(self, pod: str) -> bool:
+        return pod in self.procs and self.procs[pod].returncode is None
+
+    def all_succeeded(self) -> bool:
+        """Whether there are processes and every one of them exited 0."""
+        return (
+            bool(self.procs)
+            and all(p.returncode is not None for p in self.procs.values())
+            and all(self.procs[p].returncode == 0 for p in self.procs)
+        )
+
+    def errors_of(self, world: str) -> int:
+        """Errors raised to member code in `world`, by every incarnation so far."""
+        finished = sum(self.errors.get(world, {}).values())
+        return finished + sum(errs.get(world, 0) for errs in self.live_errors.values())
+
+    # --- what the planner's plans do ------------------------------------------------------
+    async def delete(self, pod: str) -> None:
+        proc = self.procs.pop(pod, None)
+        if proc is None:
+            return
+        await proc.stop(grace=0)
+        self._retire(pod)
+
+    async def create(self, action: CreatePod) -> None:
+        if action.pod in self.procs:
+            return
+        proc = await self.launcher.start(action)
+        self.procs[action.pod] = proc
+        self.created_for[action.pod] = dict(action.created_for)
+        self.members[action.pod] = (action.member, action.ordinal)
+        self.joined[action.pod] = {}
+        self.joining[action.pod] = {}
+        asyncio.get_running_loop().create_task(self._watch_exit(proc))
+
+    def assign(self, pod: str, member: str, ordinal: int) -> None:
+        """A warm spare plays member pod `ordinal` of `member` from now on."""
+        self.members[pod] = (member, ordinal)
+
+    def kill(self, pod: str) -> None:
+        """SIGKILL the process (fault injection)."""
+        self.procs[pod].kill()
+
+    async def stop(self, grace: float) -> list[MemberProcess]:
+        """Stop every process (TERM, then KILL after `grace`); the processes stopped."""
+        self.stopping = True
+        procs = list(self.procs.values())
+        await asyncio.gather(*(p.stop(grace) for p in procs))
+        for pod in list(self.procs):
+            self._retire(pod)
+        return procs
+
+    def _retire(self, pod: str) -> None:
+        """Fold a finished incarnation's error counts into the run's totals."""
+        for world, count in self.live_errors.pop(pod, {}).items():
+            self.errors.setdefault(world, {})
+            self.errors[world][pod] = self.errors[world].get(pod, 0) + count
+        self.joined.pop(pod, None)
+        self.joining.pop(pod, None)
+        self.warm.discard(pod)
+        self.members.pop(pod, None)  # a spare's name never comes back
+
+    async def _watch_exit(self, proc: MemberProcess) -> None:
+        code = await proc.proc.wait()
+        if not self.stopping and not proc.killed_by_runner:
+            self.view.event(f"{proc.pod} exited with code {code}")
+        self.on_change()
