@@ -27,7 +27,8 @@ from multiworld.contract import (
     WorldEntry,
     WorldTable,
 )
-from multiworld.detect import Verdict, short
+from multiworld.errors import short
+from multiworld.verdicts import Verdict
 
 
 def imported_after(code: str) -> set[str]:
@@ -63,7 +64,9 @@ def test_importing_the_library_changes_nothing_in_the_process() -> None:
         "unchanged = (sys.exit, sys.excepthook, atexit._ncallbacks()) == hooks\n"
         "WorldManager(pod='p').close()\n"
         "print(runtime, unchanged, sys.excepthook is hooks[1], atexit._ncallbacks() > hooks[2])"
-    ).format(light=repr({"multiworld.contract", "multiworld.detect", "multiworld.errors", "multiworld.reduce_op"}))
+    ).format(
+        light=repr({"multiworld.contract", "multiworld.detect_config", "multiworld.errors", "multiworld.reduce_op"})
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "True", "False", "True"], out
 

@@ -21,7 +21,7 @@ from multiworld.contract import (
     WorldEntry,
     WorldTable,
 )
-from multiworld.detect import DetectConfig
+from multiworld.detect_config import DetectConfig
 from multiworld.errors import (
     JoinTimedOut,
     MultiWorldError,

@@ -28,8 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_v
 
 from multiworld import shutdown
 from multiworld.contract import WORLD_NAME_RE, Backend, WorldAssignment
-from multiworld.detect import short
-from multiworld.errors import StaleEpochError, UnknownWorldError, WorldJoinError
+from multiworld.errors import StaleEpochError, UnknownWorldError, WorldJoinError, short
 
 if TYPE_CHECKING:
     import torch

@@ -1,4 +1,4 @@
-"""Failure detection, in layers (no torch here; the store clients come from the caller).
+"""The settings of failure detection (`DetectConfig`), and the layers they tune (no torch):
 
 1. Op errors: a failed op breaks its world at once (see world.py).
 2. Heartbeats per pair of processes, not per world (detector.py): rank 0 of a world (its store
@@ -17,9 +17,7 @@
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -87,64 +85,3 @@ class DetectConfig(BaseModel):
             fields = [names.get(str(err["loc"][0]), "") for err in exc.errors() if err["loc"]]
             hint = f" (from {', '.join(f for f in fields if f)})" if any(fields) else ""
             raise ValueError(f"invalid detection settings{hint}: {exc}") from None
-
-
-class Verdict(BaseModel):
-    """What a member writes to a world's abort key: why the world is broken."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    reason: str
-    peer_rank: int | None = None
-    by_rank: int
-    # True when a member drops the world on purpose (leaves, closes, moves on): the others
-    # break it too, but nothing failed, so nobody reports it.
-    deliberate: bool = False
-
-    def encode(self) -> str:
-        return self.model_dump_json()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Verdict:
-        try:
-            return cls.model_validate_json(raw)
-        except ValidationError:
-            return cls(reason=raw.decode(errors="replace"), by_rank=-1)
-
-    def describe(self) -> str:
-        return self.reason if self.by_rank < 0 else f"{self.reason} (verdict of rank {self.by_rank})"
-
-
-class HeartbeatStore(Protocol):
-    """The store calls a heartbeat makes (torch's TCPStore has them)."""
-
-    def add(self, key: str, value: int) -> int: ...
-    def get(self, key: str) -> bytes: ...
-    def multi_get(self, keys: list[str]) -> list[bytes]: ...
-    def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
-
-
-# on_failure(reason, peer_rank, publish, report): publish is True when this member reached
-# the verdict itself (the world asks the heartbeat to publish it to the others); report is
-# False when nothing failed (a peer left on purpose, or the platform moved on to a newer epoch).
-FailureCallback = Callable[[str, "int | None", bool, bool], None]
-
-
-def abort_key(prefix: str) -> str:
-    return f"{prefix}abort"
-
-
-def epoch_key(world: str) -> str:
-    """Outside the epoch prefix on purpose: it says which epoch is current."""
-    return f"{world}/epoch"
-
-
-# "[/path/to/gloo/transport/tcp/pair.cc:553] " at the start of gloo's errors.
-_SOURCE_LOCATION = re.compile(r"^\[[^\]]+:\d+\]\s*")
-
-
-def short(exc: BaseException) -> str:
-    """The first line of an error, without gloo's source location and long hints."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = _SOURCE_LOCATION.sub("", text).split(" This is typically caused")[0]
-    return text[:300]

@@ -31,13 +31,14 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-from multiworld.detect import DetectConfig, FailureCallback, HeartbeatStore, Verdict, abort_key, epoch_key, short
-from multiworld.errors import WorldJoinError
+from multiworld.detect_config import DetectConfig
+from multiworld.errors import WorldJoinError, short
 from multiworld.shutdown import start_thread
+from multiworld.verdicts import Verdict, abort_key, epoch_key
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,21 @@ NEWS = "news"
 EPOCH_CHECK_DEAD_AFTERS = 5.0
 # Where a host's own client reaches its beat store (the server listens on every interface).
 LOOPBACK = "127.0.0.1"
+
+
+class HeartbeatStore(Protocol):
+    """The store calls a heartbeat makes (torch's TCPStore has them)."""
+
+    def add(self, key: str, value: int) -> int: ...
+    def get(self, key: str) -> bytes: ...
+    def multi_get(self, keys: list[str]) -> list[bytes]: ...
+    def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
+
+
+# on_failure(reason, peer_rank, publish, report): publish is True when this member reached
+# the verdict itself (the world asks the heartbeat to publish it to the others); report is
+# False when nothing failed (a peer left on purpose, or the platform moved on to a newer epoch).
+FailureCallback = Callable[[str, "int | None", bool, bool], None]
 
 
 def beat_key(token: str) -> str:

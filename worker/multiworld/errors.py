@@ -1,6 +1,8 @@
-"""The typed errors of the worker runtime (no torch)."""
+"""The typed errors of the worker runtime, and `short`, an error's text made short (no torch)."""
 
 from __future__ import annotations
+
+import re
 
 
 class MultiWorldError(Exception):
@@ -75,3 +77,14 @@ class UnsupportedOpError(MultiWorldError, NotImplementedError):
         return f"{self.op} is not supported by the {self.backend} backend" + (
             f" ({self.detail})" if self.detail else ""
         )
+
+
+# "[/path/to/gloo/transport/tcp/pair.cc:553] " at the start of gloo's errors.
+_SOURCE_LOCATION = re.compile(r"^\[[^\]]+:\d+\]\s*")
+
+
+def short(exc: BaseException) -> str:
+    """The first line of an error, without gloo's source location and long hints."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = _SOURCE_LOCATION.sub("", text).split(" This is typically caused")[0]
+    return text[:300]

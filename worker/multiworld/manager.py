@@ -22,7 +22,7 @@ from multiworld.channels import Channel
 from multiworld.channels.none import NoneChannel
 from multiworld.compat import PymultiworldFace
 from multiworld.contract import JOIN_FAILED, BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
-from multiworld.detect import DetectConfig
+from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector, HeartbeatLoad
 from multiworld.errors import (
     JoinCancelled,

@@ -32,8 +32,7 @@ from torch._C._distributed_c10d import (
 )
 from torch.distributed import DistError
 
-from multiworld.detect import short
-from multiworld.errors import UnsupportedOpError, WorldBrokenError
+from multiworld.errors import UnsupportedOpError, WorldBrokenError, short
 from multiworld.reduce_op import ReduceOp
 from multiworld.work import Waiters, Work
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Mapping
 from torch.distributed import Store
 
 from multiworld.contract import WorldAssignment, store_prefix
-from multiworld.detect import Verdict, abort_key, epoch_key, short
-from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, WorldJoinError
+from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, WorldJoinError, short
+from multiworld.verdicts import Verdict, abort_key, epoch_key
 
 # How often a waiting member looks for the others: the bound on how late it notices them.
 _POLL = 0.02

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from multiworld.channels import open_channel
 from multiworld.contract import ENV_SPARE, WorkerEnv
-from multiworld.detect import DetectConfig
+from multiworld.detect_config import DetectConfig
 from multiworld.manager import WorldManager
 
 if TYPE_CHECKING:

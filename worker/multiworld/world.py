@@ -15,11 +15,12 @@ from torch._C._distributed_c10d import Backend, PrefixStore, ProcessGroup
 from multiworld import shutdown, stores
 from multiworld.backends import Driver, make_driver
 from multiworld.contract import WorldAssignment
-from multiworld.detect import DetectConfig, Verdict, short
+from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector, Watch
-from multiworld.errors import WorldBrokenError
+from multiworld.errors import WorldBrokenError, short
 from multiworld.ops import Collectives, bind, refusing
 from multiworld.rendezvous import Rendezvous
+from multiworld.verdicts import Verdict
 from multiworld.work import Waiters, Work
 
 log = logging.getLogger(__name__)
