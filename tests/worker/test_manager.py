@@ -107,7 +107,7 @@ def test_an_environment_epoch_older_than_the_table_is_left_out(table_server) -> 
         from_env = mw.WorldAssignment(name="w", rank=0, size=2, host="127.0.0.1", port=port, epoch=1)
         with pytest.raises(mw.StaleEpochError):
             m0.join(from_env)
-        (join,) = m0._start_joins([from_env], newest_only=True)
+        (join,) = m0.start_joins([from_env], newest_only=True)
         assert join.result() is m0.world("w") and join.result().epoch == 2
     finally:
         m0.close()

@@ -16,14 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import torch
 from torch._C._distributed_c10d import Backend, BarrierOptions, ProcessGroup, Store
 
-from multiworld.errors import UnsupportedOpError, WorldJoinError
+from multiworld.errors import UnsupportedOpError, WorldBrokenError, WorldJoinError
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import ProcessGroupNCCL
     from torch.distributed.distributed_c10d import GroupName
-
-    from multiworld.work import Work
-    from multiworld.world import World
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +59,23 @@ def _shared_gloo_device() -> Any:
         return _gloo_device
 
 
+class Tracked(Protocol):
+    """What a driver may tell the Work of an async op it tracks (work.Work)."""
+
+    def settle(self, error: WorldBrokenError | None) -> None:
+        """The op completed (error None) or failed."""
+        ...
+
+    def on_future(self, fut: Any) -> None:
+        """The op's torch Future is done: settle from its value."""
+        ...
+
+    def wait_here(self) -> None:
+        """Wait for the op in the calling thread, then settle; its failure breaks the world
+        and raises."""
+        ...
+
+
 class Driver(Protocol):
     name: str
     # Ops whose async works have no future: a waiter thread waits for them.
@@ -77,7 +91,7 @@ class Driver(Protocol):
 
     def build(self, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ProcessGroup: ...
 
-    def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
+    def track(self, torch_work: Any, work: Tracked) -> None:
         """An op started with async_op=True: settle `work` when the op completes."""
         ...
 
@@ -135,8 +149,8 @@ class GlooDriver:
         pg._set_group_name(cast("GroupName", group_name))
         return pg
 
-    def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
-        torch_work.get_future().add_done_callback(work._on_future)
+    def track(self, torch_work: Any, work: Tracked) -> None:
+        torch_work.get_future().add_done_callback(work.on_future)
 
     def interrupt(self, comm: Backend, rank: int, size: int) -> None:
         """Time out a recv that nothing answers: gloo then closes every pair of the
@@ -230,7 +244,7 @@ class NcclDriver:
         pg._set_group_name(cast("GroupName", group_name))
         return pg
 
-    def track(self, world: World, op: str, torch_work: Any, work: Work) -> None:
+    def track(self, torch_work: Any, work: Tracked) -> None:
         """torch's semantics for NCCL: the caller's current CUDA stream waits for the op's
         stream, the CPU goes on. An error that shows later (a peer gone mid-op) breaks the
         world through the heartbeat, and the op's outputs are garbage then.
@@ -240,8 +254,7 @@ class NcclDriver:
         ("Cannot access storage of UndefinedTensorImpl")."""
         # Ordered on the caller's stream now: NCCL writes the outputs on its own stream, and a
         # caller that went on without this wait could read them before they are written.
-        world._wait(op, torch_work)
-        work._settle(None)
+        work.wait_here()
 
     def interrupt(self, comm: Backend, rank: int, size: int) -> None:
         return None  # an NCCL wait never blocks the CPU (the caller's stream waits instead)

@@ -8,7 +8,7 @@ string, "" by default); see compat.py for how they map to the library's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from multiworld.compat import DEFAULT_WORLD_NAME, world_label
 from multiworld.errors import UnknownWorldError, WorldBrokenError
@@ -17,7 +17,6 @@ from multiworld.reduce_op import ReduceOp
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from multiworld.manager import WorldManager
     from multiworld.ops import AnyReduceOp
     from multiworld.world import World
 
@@ -38,13 +37,37 @@ class BrokenWorldException(WorldBrokenError):
         return BrokenWorldException(*self.args)
 
 
+class Worlds(Protocol):
+    """What a WorldCommunicator asks of its WorldManager."""
+
+    def worlds(self) -> dict[str, World]: ...
+    def world(self, name: str) -> World: ...
+
+
+class Initialized:
+    """Every pymultiworld world name initialized through one WorldManager, with its latest epoch
+    (kept after remove_world): compat.py records them; an op on a removed world names it."""
+
+    def __init__(self) -> None:
+        self._epochs: dict[str, int] = {}
+
+    def __contains__(self, world_name: str) -> bool:
+        return world_name in self._epochs
+
+    def epoch(self, world_name: str) -> int:
+        """The latest epoch of `world_name` initialized here (0: never)."""
+        return self._epochs.get(world_name, 0)
+
+    def record(self, world_name: str, epoch: int) -> None:
+        self._epochs[world_name] = epoch
+
+
 class WorldCommunicator:
     """The ops of every world of one WorldManager, by world name (`world_manager.communicator`)."""
 
-    def __init__(self, world_manager: WorldManager) -> None:
+    def __init__(self, world_manager: Worlds) -> None:
         self._manager = world_manager
-        # Every world name initialized here, with its latest epoch (kept after remove_world).
-        self._epochs: dict[str, int] = {}
+        self.initialized = Initialized()
 
     def is_broken(self, world_name: str = DEFAULT_WORLD_NAME) -> bool:
         """True unless the world is held here and healthy."""
@@ -55,9 +78,9 @@ class WorldCommunicator:
         try:
             return self._manager.world(world_label(world_name))
         except UnknownWorldError:
-            if world_name in self._epochs:
+            if world_name in self.initialized:
                 raise BrokenWorldException(
-                    world_name, "removed from this process (remove_world)", self._epochs[world_name]
+                    world_name, "removed from this process (remove_world)", self.initialized.epoch(world_name)
                 ) from None
             raise UnknownWorldError(world_name, "initialize_world it first") from None
 

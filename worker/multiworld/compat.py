@@ -20,9 +20,9 @@ import hashlib
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     import torch
 
     from multiworld.communicator import WorldCommunicator
-    from multiworld.manager import WorldManager
+    from multiworld.detect_config import DetectConfig
+    from multiworld.world import World
 
 T = TypeVar("T")
 
@@ -90,21 +91,39 @@ class WorldRequest(BaseModel):
         )
 
 
-class PymultiworldFace:
-    """pymultiworld's WorldManager methods, mixed into WorldManager."""
+class Manager(Protocol):
+    """What the face asks of the WorldManager it is mixed into (each method's `self`)."""
 
-    # Each method's `self` is the WorldManager this is mixed into. mypy accepts only a supertype
-    # (or a protocol) as a method's self-type, hence the [misc] ignores below.
+    config: DetectConfig
+
+    @property
+    def communicator(self) -> WorldCommunicator: ...
+    def worlds(self) -> dict[str, World]: ...
+    def world(self, name: str) -> World: ...
+    async def join_async(
+        self,
+        assignment: WorldAssignment | Mapping[str, Any],
+        *,
+        config: DetectConfig | None = None,
+        device: str | torch.device | None = None,
+    ) -> World: ...
+    def leave(self, name: str) -> None: ...
+    def unserve_if_unused(self, a: WorldAssignment) -> None: ...
+
+
+class PymultiworldFace:
+    """pymultiworld's WorldManager methods, mixed into WorldManager (see `Manager`). Its one
+    piece of state, the communicator, is made here on first use."""
 
     @cached_property
-    def communicator(self: WorldManager) -> WorldCommunicator:  # type: ignore[misc]  # see above
+    def communicator(self: Manager) -> WorldCommunicator:
         """The process's one WorldCommunicator (pymultiworld's ops)."""
         from multiworld.communicator import WorldCommunicator
 
         return WorldCommunicator(self)
 
-    async def initialize_world(  # type: ignore[misc]  # self: see above
-        self: WorldManager,
+    async def initialize_world(
+        self: Manager,
         world_name: str,
         rank: int,
         world_size: int,
@@ -138,13 +157,13 @@ class PymultiworldFace:
                 "remove_world it first"
             )
         communicator = self.communicator
-        held_epoch = max(communicator._epochs.get(world_name, 0), held.epoch if held is not None else 0)
+        held_epoch = max(communicator.initialized.epoch(world_name), held.epoch if held is not None else 0)
         deadline = time.monotonic() + request.timeout
         while True:
             try:
                 epoch = await _in_thread(_read_next_epoch, f"mw-epoch-{label}", request, held_epoch, deadline)
             except BaseException:
-                self._unserve_if_unused(request.assignment(held_epoch + 1))
+                self.unserve_if_unused(request.assignment(held_epoch + 1))
                 raise
             left = max(deadline - time.monotonic(), 0.001)
             config = self.config.model_copy(update={"join_timeout": left})
@@ -154,18 +173,18 @@ class PymultiworldFace:
                 if time.monotonic() >= deadline:
                     raise
                 continue  # the world moved on while this process joined it: join the newer epoch
-            communicator._epochs[world_name] = world.epoch
+            communicator.initialized.record(world_name, world.epoch)
             return
 
-    def remove_world(self: WorldManager, world_name: str) -> None:  # type: ignore[misc]  # see above
+    def remove_world(self: Manager, world_name: str) -> None:
         """Leave the world: its peers see it broken. Its name can be initialized again."""
         try:
             self.leave(world_label(world_name))
         except UnknownWorldError:
-            if world_name not in self.communicator._epochs:
+            if world_name not in self.communicator.initialized:
                 raise UnknownWorldError(world_name, "remove_world: it was never initialized here") from None
 
-    def cleanup(self: WorldManager) -> NoReturn:  # type: ignore[misc]  # self: see above
+    def cleanup(self) -> NoReturn:
         """End the process now, with exit status 0, as pymultiworld's cleanup does (nothing
         after it runs). Every world is left first, so the peers read a deliberate leave, not a
         failure; the wait for that is bounded."""

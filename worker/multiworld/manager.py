@@ -176,13 +176,14 @@ class WorldManager(PymultiworldFace):
     def join_all(self, assignments: Iterable[WorldAssignment]) -> dict[str, World]:
         """Join several worlds in parallel (a process can wait on another in one world while that
         one waits on it in another). Returns the worlds joined; failures are logged and reported."""
-        joins = self._start_joins(assignments)
+        joins = self.start_joins(assignments)
         for join in joins:
             join.done.wait()
         return {j.assignment.name: j.world for j in joins if j.world is not None}
 
-    def _start_joins(self, assignments: Iterable[WorldAssignment], *, newest_only: bool = False) -> list[_Join]:
-        """Start joining each world in the background. newest_only: an assignment older than the
+    def start_joins(self, assignments: Iterable[WorldAssignment], *, newest_only: bool = False) -> list[_Join]:
+        """Start joining each world in the background and return the joins (init_from_env).
+        newest_only: an assignment older than the
         epoch this manager already holds or joins for that world is left out (StaleEpochError
         otherwise), and that newer join is returned in its place."""
         joins = []
@@ -225,7 +226,7 @@ class WorldManager(PymultiworldFace):
                     )
                 self._refuse_older(a, held.assignment, "held")
                 if not held.broken:
-                    held._close(f"moved on to epoch {a.epoch}")
+                    held.close(f"moved on to epoch {a.epoch}")
             return self._launch(a, config, device)
 
     def _launch(
@@ -248,10 +249,10 @@ class WorldManager(PymultiworldFace):
             )
 
     def _run_join(self, join: _Join) -> None:
-        from multiworld.world import connect
+        from multiworld.world import form_world
 
         try:
-            world = connect(
+            world = form_world(
                 join.assignment,
                 pod=self.pod,
                 config=join.config or self.config,
@@ -275,9 +276,9 @@ class WorldManager(PymultiworldFace):
                 self._joined_at[name] = datetime.now(UTC)
                 join.world = world
         if not current:
-            world._close("cancelled its join")
+            world.close("cancelled its join")
             join.error = JoinCancelled(name)
-            self._unserve_if_unused(join.assignment)
+            self.unserve_if_unused(join.assignment)
         join.done.set()
         self._changed()
 
@@ -305,14 +306,14 @@ class WorldManager(PymultiworldFace):
             )
         elif current:
             log.info("gave up joining world %s epoch %d: %s", a.name, a.epoch, exc)
-        self._unserve_if_unused(a)
+        self.unserve_if_unused(a)
         join.done.set()
         self._changed()
 
-    def _unserve_if_unused(self, a: WorldAssignment) -> None:
-        """After a rank-0 join failed or was called off: stop the store server it started,
-        unless a newer join or a held world of this process serves on that port. Under the lock,
-        so no join can start reusing the server in between."""
+    def unserve_if_unused(self, a: WorldAssignment) -> None:
+        """After a rank-0 join (or pymultiworld's read of its store) failed or was called off:
+        stop the store server it started, unless a newer join or a held world of this process
+        serves on that port. Under the lock, so no join can start reusing the server in between."""
         if a.rank != 0:
             return
         from multiworld import stores
@@ -374,10 +375,11 @@ class WorldManager(PymultiworldFace):
             self._leave(name)
         return True
 
-    def _wait_for_identity(self) -> list[_Join]:
-        """Block until the live table gives this spare an identity; then the joins that table
-        started (and any world they already gave). A lock's wait is interruptible on POSIX, so
-        SIGINT and SIGTERM handlers still run while the main thread blocks here."""
+    def wait_for_identity(self) -> list[_Join]:
+        """A spare's wait (init_from_env): block until the live table gives this spare an
+        identity; then the joins that table started (and any world they already gave). A lock's
+        wait is interruptible on POSIX, so SIGINT and SIGTERM handlers still run while the main
+        thread blocks here."""
         while True:
             woken = threading.Event()
             with self._lock:
@@ -414,7 +416,7 @@ class WorldManager(PymultiworldFace):
             join.cancelled.set()
         world = self._worlds.pop(name, None)
         if world is not None:
-            world._leave_for_good("left the world")
+            world.leave_for_good("left the world")
         self._changed()
 
     # -- looking worlds up ---------------------------------------------------------------
@@ -561,7 +563,7 @@ class WorldManager(PymultiworldFace):
             from multiworld.world import release_in_background
 
             for world in worlds:
-                world._close("closed", release=False)
+                world.close("closed", release=False)
             release_in_background(worlds)  # together: NCCL communicators abort as one group
         self._changed()
         self._detector.close()

@@ -12,7 +12,6 @@ much as the rest of the Python side of an op. So are the communicator's methods 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -34,7 +33,7 @@ from torch.distributed import DistError
 
 from multiworld.errors import UnsupportedOpError, WorldBrokenError, short
 from multiworld.reduce_op import ReduceOp
-from multiworld.work import Waiters, Work
+from multiworld.work import InFlight, Waiters, Work
 
 if TYPE_CHECKING:
     from multiworld.backends import Driver
@@ -135,25 +134,35 @@ ARGUMENT_CHECKS: dict[str, Callable[[Collectives, tuple[Any, ...]], None]] = {
 
 
 class Collectives:
-    """Op methods of `World` (mixed in); the state they use is set up by World.__init__."""
+    """The ops of one world at one epoch, on its communicator `comm`: the base of `World`
+    (world.py), which adds membership, failure detection and release.
 
-    name: str
-    rank: int
-    size: int
-    _lock: threading.Lock
-    _post: dict[str, Callable[..., Any]]
-    _error: WorldBrokenError | None
-    _pending: set[Work]
-    _driver: Driver
-    _device: torch.device | None
-    _ranks: frozenset[int]
-    _peers: frozenset[int]
-    _waiters: Waiters | None
-    _options: dict[tuple[object, ...], Any]
+    The state the ops use is set up here. `in_flight`: the world's async works not settled
+    yet, and how an op that fails as it runs breaks the world (see work.InFlight). What World
+    itself uses of it: `_driver`, `_waiters`, `_error` (None while healthy) and `_refuse`, which
+    it calls when the world breaks.
+    """
 
-    if TYPE_CHECKING:
+    def __init__(self, name: str, rank: int, size: int, comm: Backend, driver: Driver, in_flight: InFlight) -> None:
+        self.name = name
+        self.rank = rank
+        self.size = size
+        self._post = bind(comm)
+        self._driver = driver
+        self._device = driver.device
+        self._ranks = frozenset(range(size))
+        self._peers = self._ranks - {rank}
+        self._error: WorldBrokenError | None = None
+        self._in_flight = in_flight
+        self._waiters = Waiters(name) if driver.waited_ops else None
+        self._options: dict[tuple[object, ...], Any] = {}
 
-        def _op_failed(self, op: str, exc: BaseException) -> WorldBrokenError: ...
+    def _refuse(self, error: WorldBrokenError) -> set[Work]:
+        """The world broke (its lock held): every op from now on raises `error`. Returns the
+        works in flight, which the caller fails."""
+        self._error = error
+        self._post = refusing(error)
+        return self._in_flight.take()
 
     # -- argument checks ---------------------------------------------------------------
 
@@ -244,7 +253,7 @@ class Collectives:
         if not isinstance(exc, RuntimeError):
             return exc
         if _lost_peer(exc):
-            return self._op_failed(op, exc).fresh()
+            return self._in_flight.op_failed(op, exc).fresh()
         text = str(exc).lower()
         if "not supported" in text or "not implemented" in text or "unsupported" in text:
             return UnsupportedOpError(op, self._driver.name, short(exc))
@@ -254,7 +263,7 @@ class Collectives:
         """What to raise when `op` with `args` was refused (not started) or failed while it ran
         (which breaks the world)."""
         if started:
-            return self._op_failed(op, exc).fresh()
+            return self._in_flight.op_failed(op, exc).fresh()
         return self._not_started(op, exc, args)
 
     def _run(self, op: str, args: tuple[Any, ...], async_op: bool) -> Work | None:
@@ -272,25 +281,18 @@ class Collectives:
                 return None
         except (RuntimeError, TypeError) as exc:
             raise self._failed(op, exc, args, torch_work is not None) from exc
-        work = Work(self, op, torch_work)  # type: ignore[arg-type]  # self: the World this is mixed into
-        # World._break sets _error before it takes the pending works: a work it missed sees
-        # the error here and fails itself.
-        self._pending.add(work)
+        work = Work(self._in_flight, op, torch_work)
+        # _refuse sets _error before it takes the works in flight: a work it missed sees the
+        # error here and fails itself.
+        self._in_flight.works.add(work)
         if self._error is not None:
-            work._settle(self._error)
+            work.settle(self._error)
         elif op in self._driver.waited_ops:
             assert self._waiters is not None
             self._waiters.submit(work)
         else:
-            self._driver.track(self, op, torch_work, work)  # type: ignore[arg-type]  # self: the World
+            self._driver.track(torch_work, work)
         return work
-
-    def _wait(self, op: str, torch_work: Any) -> None:
-        """Wait for a torch work in this thread; its failure breaks the world."""
-        try:
-            torch_work.wait()
-        except RuntimeError as exc:
-            raise self._op_failed(op, exc).fresh() from exc
 
     # -- point to point ----------------------------------------------------------------
     # send and recv run their blocking path in their own frame instead of calling

@@ -56,11 +56,11 @@ def init_from_env(
     )
     if env.spare:
         log.info("pod %s waits for an identity (%s=%s)", env.pod, ENV_SPARE, env.spare)
-        joins = manager._wait_for_identity()
+        joins = manager.wait_for_identity()
     else:
         # The live table may reach the manager first and already carry newer epochs: an
         # environment assignment older than what it gave is left out, not raised.
-        joins = manager._start_joins(env.worlds, newest_only=True)
+        joins = manager.start_joins(env.worlds, newest_only=True)
     if wait:
         for join in joins:
             join.done.wait()

@@ -1,4 +1,5 @@
-"""Ops in flight: the awaitable `Work`, and the waiter threads for works without a future.
+"""Ops in flight: the awaitable `Work`, what it may ask of its world (`InFlight`), and the
+waiter threads for works without a future.
 
 No torch import: a `Work` only calls methods of the torch objects it is given.
 """
@@ -9,14 +10,11 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator
+from typing import Any
 
 from multiworld.errors import WorldBrokenError
 from multiworld.shutdown import start_thread
-
-if TYPE_CHECKING:
-    from multiworld.world import World
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +28,48 @@ def _resolve(fut: asyncio.Future[None], error: WorldBrokenError | None) -> None:
         fut.set_exception(error.fresh())
 
 
+class InFlight:
+    """One world's async ops that have not settled yet, and all that their Works may ask of
+    that world: its name and epoch (their repr), the lock they settle under, and `op_failed`,
+    which breaks the world when an op fails as it runs and returns the error to fail with.
+    The world owns one (see ops.Collectives); each Work it starts holds it."""
+
+    __slots__ = ("world", "epoch", "lock", "op_failed", "works")
+
+    def __init__(
+        self,
+        world: str,
+        epoch: int,
+        lock: threading.Lock,
+        op_failed: Callable[[str, BaseException], WorldBrokenError],
+    ) -> None:
+        self.world = world
+        self.epoch = epoch
+        self.lock = lock
+        self.op_failed = op_failed
+        self.works: set[Work] = set()
+
+    def take(self) -> set[Work]:
+        """Stop tracking every work (the world broke; its lock is held): the caller fails them.
+        An op that read `works` before this may still add to the old set (it then sees the
+        world broken and fails its work itself)."""
+        works, self.works = self.works, set()
+        return works
+
+
 class Work:
     """An op started with `async_op=True`: `await work`, `work.wait(timeout)`, `work.is_completed()`.
 
     It completes when the op does, or fails with `WorldBrokenError` as soon as its world
-    breaks, whichever comes first.
+    breaks, whichever comes first. `settle`, `on_future` and `wait_here` are the library's:
+    the world and its backend driver settle a work through them (see backends.Tracked).
     """
 
-    __slots__ = ("op", "_world", "_torch_work", "_done", "_event", "_error", "_listeners")
+    __slots__ = ("op", "_in_flight", "_torch_work", "_done", "_event", "_error", "_listeners")
 
-    def __init__(self, world: World, op: str, torch_work: Any) -> None:
+    def __init__(self, in_flight: InFlight, op: str, torch_work: Any) -> None:
         self.op = op
-        self._world = world
+        self._in_flight = in_flight
         self._torch_work = torch_work
         self._done = False
         # Made only when a thread waits: most works are awaited, and building and setting an
@@ -52,7 +80,7 @@ class Work:
 
     def __repr__(self) -> str:
         state = "failed" if self._error else "done" if self._done else "pending"
-        return f"<Work {self.op} on {self._world.name!r} epoch {self._world.epoch}: {state}>"
+        return f"<Work {self.op} on {self._in_flight.world!r} epoch {self._in_flight.epoch}: {state}>"
 
     def is_completed(self) -> bool:
         """True once the op finished or failed."""
@@ -65,19 +93,19 @@ class Work:
         """Block until done; True on success, WorldBrokenError if the world broke, TimeoutError
         if `timeout` seconds pass first (the op goes on)."""
         if not self._done:
-            with self._world._lock:
+            with self._in_flight.lock:
                 if not self._done and self._event is None:
                     self._event = threading.Event()
                 event = self._event
             if event is not None and not event.wait(timeout):
-                raise TimeoutError(f"{self.op} on world {self._world.name!r} not complete after {timeout}s")
+                raise TimeoutError(f"{self.op} on world {self._in_flight.world!r} not complete after {timeout}s")
         if self._error is not None:
             raise self._error.fresh()
         return True
 
     def __await__(self) -> Generator[Any, None, None]:
         # The awaiter waits on an asyncio future directly (no generator of our own in between)
-        # and registers it without a lock: _settle marks the work done before it reads the
+        # and registers it without a lock: settle marks the work done before it reads the
         # listeners, so a settle this registration raced with is seen by the second check.
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
@@ -88,16 +116,16 @@ class Work:
         _resolve(fut, self._error)
         return fut.__await__()
 
-    def _settle(self, error: WorldBrokenError | None) -> None:
+    def settle(self, error: WorldBrokenError | None) -> None:
         """Complete (error None) or fail; from any thread, the first call wins."""
-        world = self._world
-        with world._lock:
+        in_flight = self._in_flight
+        with in_flight.lock:
             if self._done:
                 return
             self._error = error
             self._done = True
             event = self._event
-        world._pending.discard(self)
+        in_flight.works.discard(self)
         if event is not None:
             event.set()
         for loop, fut in self._listeners:
@@ -106,23 +134,32 @@ class Work:
             except RuntimeError:  # that event loop is closed; nobody awaits any more
                 pass
 
-    def _on_future(self, fut: Any) -> None:
-        """torch Future done-callback (runs on a communicator thread)."""
+    def on_future(self, fut: Any) -> None:
+        """torch Future done-callback (runs on a communicator thread): settle."""
         try:
             fut.value()
         except Exception as exc:
-            self._settle(self._world._op_failed(self.op, exc))
+            self.settle(self._in_flight.op_failed(self.op, exc))
             return
-        self._settle(None)
+        self.settle(None)
+
+    def wait_here(self) -> None:
+        """Wait for the torch work in the calling thread, then settle; its failure breaks the
+        world and raises (NCCL: the caller's current stream waits for the op's)."""
+        try:
+            self._torch_work.wait()
+        except RuntimeError as exc:
+            raise self._in_flight.op_failed(self.op, exc).fresh() from exc
+        self.settle(None)
 
     def _wait_torch_work(self) -> None:
         """Block on the torch work itself (a waiter thread), then settle."""
         try:
             self._torch_work.wait()
         except Exception as exc:
-            self._settle(self._world._op_failed(self.op, exc))
+            self.settle(self._in_flight.op_failed(self.op, exc))
             return
-        self._settle(None)
+        self.settle(None)
 
 
 class Waiters:

@@ -18,10 +18,10 @@ from multiworld.contract import WorldAssignment
 from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector, Watch
 from multiworld.errors import WorldBrokenError, short
-from multiworld.ops import Collectives, bind, refusing
+from multiworld.ops import Collectives
 from multiworld.rendezvous import Rendezvous
 from multiworld.verdicts import Verdict
-from multiworld.work import Waiters, Work
+from multiworld.work import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,8 @@ BrokenCallback = Callable[["World", WorldBrokenError, bool], None]
 
 class World(Collectives):
     """A joined world. Ops are methods (see ops.py); a broken world raises WorldBrokenError
-    from every op, pending or new, and releases itself in the background."""
+    from every op, pending or new, and releases itself in the background. Its manager drops
+    it with `close` or `leave_for_good`."""
 
     def __init__(
         self,
@@ -44,24 +45,14 @@ class World(Collectives):
         on_broken: BrokenCallback,
     ) -> None:
         self.assignment = assignment
-        self.name = assignment.name
-        self.rank = assignment.rank
-        self.size = assignment.size
         self.epoch = assignment.epoch
         self.backend = assignment.backend
         self._pg: ProcessGroup | None = pg
         self._comm: Backend | None = pg._get_backend(driver.device or torch.device("cpu"))
-        self._post = bind(self._comm)
-        self._driver = driver
-        self._device = driver.device
-        self._ranks = frozenset(range(self.size))
-        self._peers = self._ranks - {self.rank}
         self._lock = threading.Lock()
-        self._error: WorldBrokenError | None = None
-        self._pending: set[Work] = set()
-        self._options: dict[tuple[object, ...], Any] = {}
+        in_flight = InFlight(assignment.name, assignment.epoch, self._lock, self._op_failed)
+        super().__init__(assignment.name, assignment.rank, assignment.size, self._comm, driver, in_flight)
         self._tick_s = config.heartbeat_interval
-        self._waiters = Waiters(self.name) if driver.waited_ops else None
         self._on_broken = on_broken
         self._released = threading.Event()
         self._published = False
@@ -104,15 +95,16 @@ class World(Collectives):
     def _heartbeat_failed(self, reason: str, peer_rank: int | None, publish: bool, report: bool) -> None:
         self._break(reason, peer_rank, publish=publish, report=report)
 
-    def _close(self, reason: str, *, release: bool = True) -> None:
-        """This process drops the world on purpose (leave, newer epoch, shutdown). With
-        release=False the caller releases it, together with others (see release_in_background)."""
+    def close(self, reason: str, *, release: bool = True) -> None:
+        """This process drops the world on purpose (its manager: a newer epoch, a join called
+        off, shutdown); the peers read a deliberate verdict. With release=False the caller
+        releases it, together with others (see release_in_background)."""
         self._break(f"rank {self.rank} {reason}", None, publish=True, report=False, release=release)
 
-    def _leave_for_good(self, reason: str) -> None:
-        """Close, and stop serving the world's store once the peers could read the verdict
-        (unless this process asked for that store again by then)."""
-        self._close(reason)
+    def leave_for_good(self, reason: str) -> None:
+        """Close (its manager's leave), and stop serving the world's store once the peers could
+        read the verdict (unless this process asked for that store again by then)."""
+        self.close(reason)
         if self.rank == 0:
             shutdown.start_thread(self._stop_serving, f"mw-unserve-{self.name}", stores.asked(self.assignment.port))
 
@@ -131,15 +123,14 @@ class World(Collectives):
         with self._lock:
             if self._error is not None:
                 return self._error
-            error = self._error = WorldBrokenError(self.name, self.epoch, reason, peer_rank)
-            self._post = refusing(error)
-            pending, self._pending = self._pending, set()
+            error = WorldBrokenError(self.name, self.epoch, reason, peer_rank)
+            pending = self._refuse(error)
             comm = self._comm
         (log.warning if report else log.info)("%s", error)
-        # A copy: an op that read _pending before the swap may still add to it (it then sees
-        # _error and fails its work itself).
+        # A copy: an op that read the works in flight before _refuse may still add to them (it
+        # then sees _error and fails its work itself).
         for work in list(pending):
-            work._settle(error)
+            work.settle(error)
         if publish:
             self._published = True
             # A deliberate drop (not reported here) names this rank as the one that went.
@@ -187,7 +178,7 @@ class World(Collectives):
         return pg
 
 
-def connect(
+def form_world(
     assignment: WorldAssignment,
     *,
     pod: str,
