@@ -1,82 +1,38 @@
-"""Many worlds in one process: join, leave, follow the live world table, report failures.
-The same class serves pymultiworld's API (compat.py).
+"""Many worlds in one process: the public `WorldManager`, which joins worlds, leaves them, follows
+the live world table and reports failures. The same class serves pymultiworld's API (compat.py).
+
+Its parts, each in its own module, share what it holds (holdings.py): joining worlds
+(joining.py), following the world table (table_following.py), waiting for worlds (waiting.py)
+and the worker's status and reports (worker_status.py). Leaving and shutdown are here.
 
 No torch at import: the communicator code (world.py) loads on the first join.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import logging
 import socket
-import threading
-import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from multiworld import shutdown
 from multiworld.channels import Channel
 from multiworld.channels.none import NoneChannel
 from multiworld.compat import PymultiworldFace
-from multiworld.contract import JOIN_FAILED, BrokenWorldReport, WorkerStatus, WorldAssignment, WorldTable
+from multiworld.contract import WorkerStatus, WorldAssignment, WorldTable
 from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector, HeartbeatLoad
-from multiworld.errors import (
-    JoinCancelled,
-    JoinTimedOut,
-    StaleEpochError,
-    UnknownWorldError,
-    WorldBrokenError,
-    WorldJoinError,
-)
+from multiworld.errors import UnknownWorldError
+from multiworld.holdings import Holdings
+from multiworld.joining import Join, Joiner, as_assignment
+from multiworld.table_following import TableFollower
+from multiworld.waiting import Waits
+from multiworld.worker_status import StatusReporter
 
 if TYPE_CHECKING:
     import torch
 
     from multiworld.world import World
-
-log = logging.getLogger(__name__)
-
-
-class _Join:
-    """One rendezvous in flight on its own daemon thread. `config` and `device`: this join's
-    own, where they differ from the manager's (None: the manager's)."""
-
-    def __init__(
-        self,
-        assignment: WorldAssignment,
-        config: DetectConfig | None = None,
-        device: str | torch.device | None = None,
-    ) -> None:
-        self.assignment = assignment
-        self.config = config
-        self.device = device
-        self.cancelled = threading.Event()
-        self.done = threading.Event()
-        self.world: World | None = None
-        self.error: BaseException | None = None
-
-    @classmethod
-    def holding(cls, world: World) -> _Join:
-        """A finished join of a world already held."""
-        join = cls(world.assignment)
-        join.world = world
-        join.done.set()
-        return join
-
-    def result(self) -> World:
-        if self.error is not None:
-            raise self.error
-        assert self.world is not None
-        return self.world
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 class WorldManager(PymultiworldFace):
@@ -101,36 +57,33 @@ class WorldManager(PymultiworldFace):
         if not isinstance(pod, str):
             raise TypeError(f"pod must be a str, got {pod!r} (pymultiworld's enable_monitor is a keyword argument)")
         self.pod = pod or socket.gethostname()
-        self._instance = dict(instance or {})
-        self._replaced = False
-        self._started = datetime.now(UTC)
-        self._joined_at: dict[str, datetime] = {}
-        self.config = config if config is not None else DetectConfig.from_env()
+        config = config if config is not None else DetectConfig.from_env()
         if not enable_monitor:
-            self.config = self.config.model_copy(update={"heartbeat": False})
+            config = config.model_copy(update={"heartbeat": False})
         self._channel: Channel = channel if channel is not None else NoneChannel()
-        self._follows_table = channel is not None and not isinstance(channel, NoneChannel)
-        self._device = device
-        self._lock = threading.RLock()
-        self._worlds: dict[str, World] = {}
-        self._joins: dict[str, _Join] = {}
-        self._given_up: dict[str, int] = {}  # the epoch per world whose join failed: not retried
-        self._errors: dict[str, int] = {}
-        self._revision = -1
-        # Called once at the next change, outside the lock; what they return is ignored.
-        self._watchers: list[Callable[[], object]] = []
-        self._last_status: WorkerStatus | None = None
-        self._closed = False
-        self._waiting = spare
-        self._plays = ""  # the member pod a spare plays, once it has an identity
+        self._held = Holdings(spare=spare)
+        self._reporter = StatusReporter(self._held, self._channel, self.pod)
+        self._waits = Waits(self._held)
         # One failure detector for all of this process's worlds (see detector.py).
         self._detector = Detector()
+        self._joiner = Joiner(
+            self._held,
+            self._reporter,
+            pod=self.pod,
+            config=config,
+            device=device,
+            detector=self._detector,
+            follows_table=channel is not None and not isinstance(channel, NoneChannel),
+        )
+        self._table = TableFollower(
+            self._held, self._joiner, self._reporter, pod=self.pod, instance=instance, leave=self._leave
+        )
         _open_managers.add(self)
         # The exit hooks come with the first manager: importing the library changes nothing.
         shutdown.on_exit(_close_open_managers)
         self._channel.start(self.apply)
         if spare:
-            self._changed()  # the platform gives identities only to spares that said they wait
+            self._reporter.changed()  # the platform gives identities only to spares that said they wait
 
     def __enter__(self) -> WorldManager:
         return self
@@ -139,14 +92,23 @@ class WorldManager(PymultiworldFace):
         self.close()
 
     @property
+    def config(self) -> DetectConfig:
+        """The detection settings of the worlds joined without settings of their own."""
+        return self._joiner.config
+
+    @config.setter
+    def config(self, config: DetectConfig) -> None:
+        self._joiner.config = config
+
+    @property
     def plays(self) -> str:
         """The member pod this process plays: its own, unless it is a spare given an identity."""
-        return self._plays or self.pod
+        return self._held.plays or self.pod
 
     def __repr__(self) -> str:
-        return f"<WorldManager pod={self.pod!r} worlds={sorted(self._worlds)} joining={sorted(self._joins)}>"
+        return f"<WorldManager pod={self.pod!r} worlds={sorted(self._held.worlds)} joining={sorted(self._held.joins)}>"
 
-    # -- joining -----------------------------------------------------------------------
+    # -- joining (joining.py) --------------------------------------------------------------
 
     def join(
         self,
@@ -157,7 +119,7 @@ class WorldManager(PymultiworldFace):
     ) -> World:
         """Rendezvous with the world's other members (blocking) and return the world.
         `config`, `device`: this world's own (default: the manager's)."""
-        join = self._start_join(_assignment(assignment), config, device)
+        join = self._joiner.start(as_assignment(assignment), config, device)
         join.done.wait()
         return join.result()
 
@@ -169,347 +131,98 @@ class WorldManager(PymultiworldFace):
         device: str | torch.device | None = None,
     ) -> World:
         """`join` without blocking the event loop."""
-        join = self._start_join(_assignment(assignment), config, device)
-        await self._until(join.done.is_set, None, f"join of world {join.assignment.name!r}")
+        join = self._joiner.start(as_assignment(assignment), config, device)
+        await self._waits.until(join.done.is_set, None, f"join of world {join.assignment.name!r}")
         return join.result()
 
     def join_all(self, assignments: Iterable[WorldAssignment]) -> dict[str, World]:
         """Join several worlds in parallel (a process can wait on another in one world while that
         one waits on it in another). Returns the worlds joined; failures are logged and reported."""
-        joins = self.start_joins(assignments)
+        joins = self._joiner.start_all(assignments)
         for join in joins:
             join.done.wait()
         return {j.assignment.name: j.world for j in joins if j.world is not None}
 
-    def start_joins(self, assignments: Iterable[WorldAssignment], *, newest_only: bool = False) -> list[_Join]:
+    def start_joins(self, assignments: Iterable[WorldAssignment], *, newest_only: bool = False) -> list[Join]:
         """Start joining each world in the background and return the joins (init_from_env).
-        newest_only: an assignment older than the
-        epoch this manager already holds or joins for that world is left out (StaleEpochError
-        otherwise), and that newer join is returned in its place."""
-        joins = []
-        for a in assignments:
-            try:
-                joins.append(self._start_join(_assignment(a)))
-            except StaleEpochError:
-                if not newest_only:
-                    raise
-                with self._lock:
-                    newer = self._joins.get(a.name)
-                    held = self._worlds.get(a.name)
-                if newer is None and held is not None:
-                    newer = _Join.holding(held)
-                if newer is not None:
-                    joins.append(newer)
-        return joins
-
-    def _start_join(
-        self, a: WorldAssignment, config: DetectConfig | None = None, device: str | torch.device | None = None
-    ) -> _Join:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("this WorldManager is closed")
-            pending = self._joins.get(a.name)
-            if pending is not None:
-                if pending.assignment == a:
-                    return pending
-                self._refuse_older(a, pending.assignment, "being joined")
-                pending.cancelled.set()
-                del self._joins[a.name]
-            held = self._worlds.get(a.name)
-            if held is not None:
-                if held.assignment == a and not held.broken:
-                    return _Join.holding(held)
-                if held.assignment == a:
-                    raise WorldJoinError(
-                        f"world {a.name!r} epoch {a.epoch} is broken ({held.error.reason if held.error else ''}); "
-                        "join a newer epoch"
-                    )
-                self._refuse_older(a, held.assignment, "held")
-                if not held.broken:
-                    held.close(f"moved on to epoch {a.epoch}")
-            return self._launch(a, config, device)
-
-    def _launch(
-        self, a: WorldAssignment, config: DetectConfig | None = None, device: str | torch.device | None = None
-    ) -> _Join:
-        """Register a join of `a` (under the lock) and run it on its own thread."""
-        join = _Join(a, config, device)
-        self._joins[a.name] = join
-        shutdown.start_thread(self._run_join, f"mw-join-{a.name}-{a.epoch}", join)
-        return join
-
-    @staticmethod
-    def _refuse_older(a: WorldAssignment, current: WorldAssignment, state: str) -> None:
-        if current.epoch > a.epoch:
-            raise StaleEpochError(f"world {a.name!r}: epoch {a.epoch} is older than epoch {current.epoch}, {state}")
-        if current.epoch == a.epoch:
-            raise WorldJoinError(
-                f"world {a.name!r} epoch {a.epoch} is already {state} as rank {current.rank} of {current.size} "
-                f"at {current.host}:{current.port}; a changed world needs a new epoch"
-            )
-
-    def _run_join(self, join: _Join) -> None:
-        from multiworld.world import form_world
-
-        try:
-            world = form_world(
-                join.assignment,
-                pod=self.pod,
-                config=join.config or self.config,
-                device=join.device if join.device is not None else self._device,
-                detector=self._detector,
-                cancelled=join.cancelled,
-                on_broken=self._world_broken,
-            )
-        except BaseException as exc:
-            self._join_failed(join, exc)
-        else:
-            self._install(join, world)
-
-    def _install(self, join: _Join, world: World) -> None:
-        name = join.assignment.name
-        with self._lock:
-            current = self._joins.get(name) is join and not join.cancelled.is_set() and not self._closed
-            if current:
-                del self._joins[name]
-                self._worlds[name] = world
-                self._joined_at[name] = datetime.now(UTC)
-                join.world = world
-        if not current:
-            world.close("cancelled its join")
-            join.error = JoinCancelled(name)
-            self.unserve_if_unused(join.assignment)
-        join.done.set()
-        self._changed()
-
-    def _join_failed(self, join: _Join, exc: BaseException) -> None:
-        a = join.assignment
-        join.error = exc
-        with self._lock:
-            current = self._joins.get(a.name) is join
-            # Following a live table, a join that timed out goes on waiting (a peer's pod may be
-            # scheduling or pulling its image); the platform decides from the report whether
-            # the epoch failed, and a newer epoch calls this join off.
-            again = current and isinstance(exc, JoinTimedOut) and self._follows_table and not self._closed
-            if current:
-                del self._joins[a.name]
-                if again:
-                    self._launch(a, join.config, join.device)
-                else:
-                    self._given_up[a.name] = max(self._given_up.get(a.name, 0), a.epoch)
-        if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):
-            log.warning("could not join world %s epoch %d: %s", a.name, a.epoch, exc)
-            self._channel.report(
-                BrokenWorldReport(
-                    world=a.name, epoch=a.epoch, reason=f"{JOIN_FAILED}{exc}", pod=self.pod, plays=self._plays
-                )
-            )
-        elif current:
-            log.info("gave up joining world %s epoch %d: %s", a.name, a.epoch, exc)
-        self.unserve_if_unused(a)
-        join.done.set()
-        self._changed()
+        newest_only: an assignment older than the epoch this manager already holds or joins
+        for that world is left out (StaleEpochError otherwise), and that newer join is returned
+        in its place."""
+        return self._joiner.start_all(assignments, newest_only=newest_only)
 
     def unserve_if_unused(self, a: WorldAssignment) -> None:
-        """After a rank-0 join (or pymultiworld's read of its store) failed or was called off:
-        stop the store server it started, unless a newer join or a held world of this process
-        serves on that port. Under the lock, so no join can start reusing the server in between."""
-        if a.rank != 0:
-            return
-        from multiworld import stores
+        """Stop serving the store that rank 0 of `a` started, unless a join or a world of this
+        process serves on its port (after a join of `a`, or a read of its store, failed)."""
+        self._joiner.unserve_if_unused(a)
 
-        with self._lock:
-            users = [j.assignment for j in self._joins.values()] + [w.assignment for w in self._worlds.values()]
-            if not any(u.rank == 0 and u.port == a.port for u in users):
-                stores.stop_serving(a.name, a.port)
-
-    # -- the live table ------------------------------------------------------------------
+    # -- the live table (table_following.py) -----------------------------------------------
 
     def apply(self, table: WorldTable | Mapping[str, Any]) -> None:
         """Match the table: join new worlds and newer epochs (in the background), leave worlds
         that are gone. Older revisions are ignored. Never blocks."""
-        table = table if isinstance(table, WorldTable) else WorldTable.model_validate(table)
-        if table.revision == 0 and not table.worlds:
-            # The default table: a platform that has published nothing yet, not "no worlds".
-            return
-        with self._lock:
-            if self._closed:
-                return
-            if table.revision < self._revision:
-                log.debug("ignoring world table revision %d (have %d)", table.revision, self._revision)
-                return
-            self._revision = table.revision
-            if self._replaced or self._superseded(table):
-                return
-            mine = table.assignments_for(self.pod)
-            identified = self._waiting and bool(mine)
-            if identified:
-                self._waiting = False
-                self._plays = table.plays(self.pod)
-                log.info("spare pod %s plays %s from world table revision %d", self.pod, self._plays, table.revision)
-            for name in (set(self._worlds) | set(self._joins)) - set(mine):
-                self._leave(name)
-            for a in mine.values():
-                if self._wants(a):
-                    try:
-                        self._start_join(a)
-                    except WorldJoinError as exc:
-                        log.warning("world table revision %d: %s", table.revision, exc)
-        # Tells the platform that this process is joining the new epochs (it is alive and
-        # follows the table), and a spare's identity.
-        self._changed()
+        self._table.apply(table)
 
-    def _superseded(self, table: WorldTable) -> bool:
-        """Whether the table gives this pod's ranks to a newer instance of it; then leave every
-        world for good (the platform is stopping this process)."""
-        worlds = table.replaced(self.pod, self._instance)
-        if not worlds:
-            return False
-        log.warning(
-            "pod %s was replaced by a newer instance (worlds %s): this process joins nothing more",
-            self.pod,
-            ", ".join(worlds),
-        )
-        self._replaced = True
-        for name in set(self._worlds) | set(self._joins):
-            self._leave(name)
-        return True
-
-    def wait_for_identity(self) -> list[_Join]:
+    def wait_for_identity(self) -> list[Join]:
         """A spare's wait (init_from_env): block until the live table gives this spare an
-        identity; then the joins that table started (and any world they already gave). A lock's
-        wait is interruptible on POSIX, so SIGINT and SIGTERM handlers still run while the main
-        thread blocks here."""
-        while True:
-            woken = threading.Event()
-            with self._lock:
-                if not self._waiting:
-                    return [*self._joins.values(), *map(_Join.holding, self._worlds.values())]
-                self._check_open()
-                self._watchers.append(woken.set)
-            woken.wait()
+        identity; then the joins that table started (and any world they already gave)."""
+        held = self._held
+        found: list[list[Join]] = []
 
-    def _wants(self, a: WorldAssignment) -> bool:
-        pending = self._joins.get(a.name)
-        current = pending.assignment if pending is not None else None
-        held = self._worlds.get(a.name)
-        if current is None and held is not None:
-            current = held.assignment
-        if current is not None and current.epoch >= a.epoch:
-            if current.epoch == a.epoch and current != a:
-                log.error("world %s epoch %d changed without a new epoch; ignored", a.name, a.epoch)
-            return False
-        return self._given_up.get(a.name, 0) < a.epoch
+        def identified() -> bool:
+            if held.waiting:
+                return False
+            found.append([*held.joins.values(), *map(Join.holding, held.worlds.values())])
+            return True
 
-    # -- leaving -------------------------------------------------------------------------
+        self._waits.until_blocking(identified, None, "an identity")
+        return found[-1]
+
+    # -- leaving ---------------------------------------------------------------------------
 
     def leave(self, name: str) -> None:
         """Leave a world (or call off its join). Its release runs in the background."""
-        with self._lock:
-            if name not in self._worlds and name not in self._joins:
-                raise UnknownWorldError(name, self._known())
+        held = self._held
+        with held.lock:
+            if name not in held.worlds and name not in held.joins:
+                raise UnknownWorldError(name, held.known())
             self._leave(name)
 
     def _leave(self, name: str) -> None:
-        join = self._joins.pop(name, None)
+        """Leave a world or call off its join, under the lock (also the table's leave)."""
+        join = self._held.joins.pop(name, None)
         if join is not None:
             join.cancelled.set()
-        world = self._worlds.pop(name, None)
+        world = self._held.worlds.pop(name, None)
         if world is not None:
             world.leave_for_good("left the world")
-        self._changed()
+        self._reporter.changed()
 
-    # -- looking worlds up ---------------------------------------------------------------
+    # -- looking worlds up (waiting.py) ----------------------------------------------------
 
     def world(self, name: str) -> World:
         """The world's latest incarnation here (a broken one until a newer epoch is joined)."""
-        with self._lock:
-            world = self._worlds.get(name)
+        held = self._held
+        with held.lock:
+            world = held.worlds.get(name)
             if world is None:
-                join = self._joins.get(name)
-                detail = f"its join (epoch {join.assignment.epoch}) is in progress" if join else self._known()
+                join = held.joins.get(name)
+                detail = f"its join (epoch {join.assignment.epoch}) is in progress" if join else held.known()
                 raise UnknownWorldError(name, detail)
             return world
 
     def worlds(self) -> dict[str, World]:
-        with self._lock:
-            return dict(self._worlds)
-
-    def _known(self) -> str:
-        held = sorted(set(self._worlds) | set(self._joins))
-        return f"this process holds {', '.join(repr(n) for n in held)}" if held else "this process holds no world"
-
-    def _ready(self, name: str, newer_than: int | None) -> World | None:
-        world = self._worlds.get(name)
-        if world is not None and not world.broken and world.epoch > (newer_than or 0):
-            return world
-        return None
+        with self._held.lock:
+            return dict(self._held.worlds)
 
     async def wait_world(self, name: str, newer_than: int | None = None, timeout: float | None = None) -> World:
         """Until the world is held healthy at an epoch above `newer_than` (None: any epoch)."""
-        found: list[World] = []
-
-        def ready() -> bool:
-            world = self._ready(name, newer_than)
-            if world is not None:
-                found.append(world)
-            return world is not None
-
-        await self._until(ready, timeout, f"world {name!r} (epoch > {newer_than or 0})")
-        return found[-1]
+        return await self._waits.world(name, newer_than, timeout)
 
     def wait_world_blocking(self, name: str, newer_than: int | None = None, timeout: float | None = None) -> World:
         """`wait_world` for code without an event loop."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            woken = threading.Event()
-            with self._lock:
-                world = self._ready(name, newer_than)
-                if world is not None:
-                    return world
-                self._check_open()
-                self._watchers.append(woken.set)
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if (remaining is not None and remaining <= 0) or not woken.wait(remaining):
-                raise TimeoutError(f"world {name!r} (epoch > {newer_than or 0}) not ready after {timeout}s")
+        return self._waits.world_blocking(name, newer_than, timeout)
 
-    async def _until(self, predicate: Callable[[], bool], timeout: float | None, what: str) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            fut: asyncio.Future[None] = loop.create_future()
-            with self._lock:
-                if predicate():
-                    return
-                self._check_open()
-                self._watchers.append(functools.partial(loop.call_soon_threadsafe, _wake, fut))
-            remaining = None if deadline is None else deadline - loop.time()
-            try:
-                await asyncio.wait_for(fut, remaining)
-            except TimeoutError:
-                raise TimeoutError(f"{what} not ready after {timeout}s") from None
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this WorldManager is closed")
-
-    # -- failures and status -------------------------------------------------------------
-
-    def _world_broken(self, world: World, error: WorldBrokenError, report: bool) -> None:
-        if report:
-            with self._lock:
-                self._errors[world.name] = self._errors.get(world.name, 0) + 1
-            self._channel.report(
-                BrokenWorldReport(
-                    world=error.world,
-                    epoch=error.epoch,
-                    reason=error.reason,
-                    peer_rank=error.peer_rank,
-                    pod=self.pod,
-                    plays=self._plays,
-                )
-            )
-        self._changed()
+    # -- status (worker_status.py) ---------------------------------------------------------
 
     def heartbeat_load(self) -> HeartbeatLoad:
         """What this process's failure detection asked of stores so far (ticks, calls, keys)."""
@@ -517,46 +230,23 @@ class WorldManager(PymultiworldFace):
 
     def status(self) -> WorkerStatus:
         """What this process holds now: healthy worlds' epochs, and failures seen per world."""
-        with self._lock:
-            joined = {name: w.epoch for name, w in self._worlds.items() if not w.broken}
-            return WorkerStatus(
-                pod=self.pod,
-                joined=joined,
-                joining={name: j.assignment.epoch for name, j in self._joins.items()},
-                errors=dict(self._errors),
-                started=self._started,
-                joined_at={name: self._joined_at[name] for name in joined},
-                waiting=self._waiting,
-                plays=self._plays,
-            )
+        return self._reporter.status()
 
-    def _changed(self) -> None:
-        with self._lock:
-            status = self.status()
-            if status != self._last_status:
-                self._last_status = status
-                self._channel.status(status)  # queued, so order is kept under the lock
-            watchers, self._watchers = self._watchers, []
-        for wake in watchers:
-            try:
-                wake()
-            except RuntimeError:  # an event loop that is gone
-                pass
-
-    # -- shutdown ------------------------------------------------------------------------
+    # -- shutdown --------------------------------------------------------------------------
 
     def close(self) -> None:
         """Leave every world and call off every join, without waiting for anything: the
         communicators are released in the background (and process exit waits for them,
         bounded; see shutdown.py)."""
-        with self._lock:
-            if self._closed:
+        held = self._held
+        with held.lock:
+            if held.closed:
                 return
-            self._closed = True
-            worlds = list(self._worlds.values())
-            joins = list(self._joins.values())
-            self._worlds.clear()
-            self._joins.clear()
+            held.closed = True
+            worlds = list(held.worlds.values())
+            joins = list(held.joins.values())
+            held.worlds.clear()
+            held.joins.clear()
         for join in joins:
             join.cancelled.set()
         if worlds:
@@ -565,14 +255,10 @@ class WorldManager(PymultiworldFace):
             for world in worlds:
                 world.close("closed", release=False)
             release_in_background(worlds)  # together: NCCL communicators abort as one group
-        self._changed()
+        self._reporter.changed()
         self._detector.close()
         self._channel.close()
         _open_managers.discard(self)
-
-
-def _assignment(value: WorldAssignment | Mapping[str, Any]) -> WorldAssignment:
-    return value if isinstance(value, WorldAssignment) else WorldAssignment.model_validate(value)
 
 
 _open_managers: weakref.WeakSet[WorldManager] = weakref.WeakSet()
