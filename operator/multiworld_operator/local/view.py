@@ -14,6 +14,7 @@ from typing import TextIO
 
 from ..planner import MultiWorldStatus
 from ..spec import MultiWorld
+from ..text_columns import aligned
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,7 @@ HEADER = ["WORLD", "PHASE", "EPOCH", "RANKS UP", "RESTARTS", "ERRORS"]
 
 
 def format_table(rows: list[WorldRow]) -> list[str]:
-    table = [HEADER] + [r.cells() for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(HEADER))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in table]
+    return aligned([HEADER] + [r.cells() for r in rows])
 
 
 class LiveView:
