@@ -25,4 +25,6 @@ Events).
 - `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store.
 - `controller`: one reconcile loop per MultiWorld, woken by watch events.
 - `handlers`: the kopf handlers (they only wake loops); `main.run_operator` runs kopf.
+- `status_command`: `multiworld status`, a MultiWorld as a user reads it from the kubeconfig
+  (a command of the CLI, not part of the operator).
 """
