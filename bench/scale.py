@@ -1,12 +1,15 @@
-"""The operator at scale against a real API server: a MultiWorld of 1,000 worlds must react as
-fast as one of 2, and what a failure costs everyone else must not grow with the worlds.
+"""The operator at scale against a real API server: a MultiWorld of as many worlds as one pod
+may be in must react as fast as one of 2, and what a failure costs everyone else must not grow
+with the worlds; and the largest spec the caps admit must plan in time and memory, and fit what
+is written for it in its objects.
 
 The scene is bench/operator.py's: its own control plane, the chart installed for real, the
 operator as a process of its own, and a stand-in kubelet that marks each new pod Running
 KUBELET_START_S after it appears and fails pods on request, through their status.
 
 MultiWorlds are stars: a leader (router) in every world w<i>, and one exclusive pod m<i>-0 per
-world. Per size (worlds):
+world; the largest is LARGEST_STAR worlds (the leader is in every one: spec.py's
+MAX_WORLDS_PER_POD). Per size (worlds):
 - create_s: from the create call until the last pod exists (seen through a watch).
 - object_kib: the MultiWorld as the API server returns it (managedFields included) once every
   world is Running.
@@ -22,6 +25,23 @@ world. Per size (worlds):
   before the others were created.
 - object_kib at OBJECT_WORLDS worlds: created and run once with the default failure policy,
   for its size (and its parts: spec, status, managedFields) only.
+- largest accepted spec (alone with --largest: no API server): the spec at every cap of spec.py
+  at once, names of 63 characters (tests/spec/limits_support.py: the real planner, pod bodies
+  and worker annotations), planned in this process as the operator plans it.
+  - plan_first: one plan() call on the first observation (nothing exists yet); plan_failure:
+    one plan() call on the observation in which the pod in most worlds failed, once every pod
+    ran. Each clock starts just before the call and stops when it returns: wall (perf_counter)
+    and this thread's CPU time (thread_time).
+  - plan_peak_mib: tracemalloc's peak over either call (Python's allocations, the plan it
+    returns included); operator_rss_mib: the peak resident memory (VmHWM) of a fresh
+    interpreter that imported the operator (kopf, the Kubernetes client) and made both plans.
+  - Sizes, each against its limit: the CR's status at its largest (every pod failed with a
+    message of MAX_MESSAGE characters, every replacement waiting with one), against what etcd's
+    object limit leaves beside a spec at its cap, annotations at theirs and other metadata;
+    the planner's memory ConfigMap and the largest world ConfigMap (and one of a world of every
+    rank), data against a ConfigMap's limit; the MULTIWORLD_WORLDS string of the pod in most
+    worlds (its pod body, NUL included) against Linux's limit on one environment string, and
+    that pod's annotations at their largest against the API server's limit on them.
 """
 
 from __future__ import annotations
@@ -38,14 +58,17 @@ from typing import Any
 import _common as common
 from _operator_scene import GROUP, PLURAL, VERSION, Scene, fail_and_recover, scene, start, wait_for
 from kubernetes import client
+from spec import limits_support as limits
 
 from multiworld.channels.kubernetes import KubernetesChannel
 from multiworld.contract import NAME_LABEL, WorldTable
+from multiworld_operator.spec import MAX_RANKS, MAX_WORLDS, MAX_WORLDS_PER_POD
 
-SIZES = (2, 100, 1000)
+LARGEST_STAR = min(MAX_WORLDS, MAX_WORLDS_PER_POD)
+SIZES = (2, 100, LARGEST_STAR)
 QUICK_SIZES = (2, 10)
 FAILURES = 20
-OBJECT_WORLDS = 4000
+OBJECT_WORLDS = LARGEST_STAR
 MANY, MANY_WORLDS = 200, 4
 KUBELET_START_S = 0.5
 
@@ -69,9 +92,15 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     p.setting("--failures", int, FAILURES, 3, "failures timed per size")
     p.setting("--object-worlds", int, OBJECT_WORLDS, 20, "the size whose object alone is measured")
     p.setting("--many", int, MANY, 3, f"MultiWorlds of {MANY_WORLDS} worlds for the many-MultiWorlds figure")
+    p.add_argument(
+        "--largest", action="store_true", help="only the largest accepted spec's figures (no API server needed)"
+    )
     common.credentials_flag(p)
     args = p.parse_args(argv)
     args.sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
+    too_large = [w for w in [*args.sizes, args.object_worlds] if w > LARGEST_STAR]
+    if too_large:
+        p.error(f"a star of more than {LARGEST_STAR} worlds is refused by the spec's caps: {too_large}")
     return args
 
 
@@ -189,8 +218,8 @@ def growth(small: float, large: float) -> float:
     return large / small
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def cluster_figures(args: Any) -> tuple[str, list[str], list[common.Target], dict[str, Any]]:
+    """The rows on the API server: the load at the start, the text, the targets, the JSON."""
     by_size: dict[int, dict[str, float]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="bench-scale-") as directory,
@@ -265,24 +294,98 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"react of {args.many} MultiWorlds vs one alone", many["react_s"] / many["single_react_s"], AS_FAST_AS, "x"
         ),
     ]
-    common.report(
-        "scale: a MultiWorld of many worlds, and many MultiWorlds (real kube-apiserver)", loaded, body, targets
-    )
-    if args.json:
 
-        def per(key: str) -> dict[str, float]:
-            return {str(w): f[key] for w, f in by_size.items()}
+    def per(key: str) -> dict[str, float]:
+        return {str(w): f[key] for w, f in by_size.items()}
 
-        common.json_line(
-            {
-                "react_s": per("react_s"),
-                "object_kib": {**per("object_kib"), str(args.object_worlds): big_object["total"]},
-                "worker_watch_kib_per_failure": per("worker_watch_kib_per_failure"),
-                "create_s": per("create_s"),
-                "operator_rss_mib": per("operator_rss_mib"),
-                "many": {"react_s": many["react_s"], "single_react_s": many["single_react_s"]},
-            }
+    results = {
+        "react_s": per("react_s"),
+        "object_kib": {**per("object_kib"), str(args.object_worlds): big_object["total"]},
+        "worker_watch_kib_per_failure": per("worker_watch_kib_per_failure"),
+        "create_s": per("create_s"),
+        "operator_rss_mib": per("operator_rss_mib"),
+        "many": {"react_s": many["react_s"], "single_react_s": many["single_react_s"]},
+    }
+    return loaded, body, targets, results
+
+
+def measure_largest() -> dict[str, Any]:
+    """The largest accepted spec's figures (the docstring says what each is)."""
+    figures = limits.measure_largest().as_dict()
+    figures["plan_peak_mib"] = limits.plan_peak_mib()
+    figures["operator_rss_mib"] = limits.operator_rss_mib()
+    every_rank, every_rank_data = limits.world_configmap(MAX_RANKS)
+    figures["every_rank_world_configmap_bytes"] = every_rank
+    figures["every_rank_world_configmap_data_bytes"] = every_rank_data
+    return figures
+
+
+def largest_rows(f: dict[str, Any]) -> tuple[list[str], list[common.Target]]:
+    first, failure = f["plan_first"], f["plan_failure"]
+    chart_mib = limits.chart_memory_limit_mib()
+    sizes = [
+        ("the CR's status after the first plan", f["status_first_bytes"], limits.STATUS_ROOM),
+        ("the CR's status at its largest", f["status_worst_bytes"], limits.STATUS_ROOM),
+        ("the planner's memory ConfigMap, data", f["memory_configmap_data_bytes"], limits.CONFIGMAP_LIMIT),
+        ("the largest world ConfigMap, data", f["world_configmap_data_bytes"], limits.CONFIGMAP_LIMIT),
+        (
+            f"a world of {MAX_RANKS} ranks: its ConfigMap, data",
+            f["every_rank_world_configmap_data_bytes"],
+            limits.CONFIGMAP_LIMIT,
+        ),
+        ("MULTIWORLD_WORLDS of the pod in most worlds", f["env_string_bytes"], limits.ENV_STRING_LIMIT),
+        ("that pod's annotations at their largest", f["annotations_bytes"], limits.ANNOTATIONS_LIMIT),
+    ]
+    body = [
+        f"largest accepted spec (every cap of spec.py at once, names of 63 characters): {f['pods']} pods, "
+        f"{f['ranks']} ranks, {f['worlds']} worlds, a pod in {f['worlds_per_pod']} worlds; "
+        f"the spec {f['spec_bytes'] / 1024:.1f} KiB as JSON\n"
+        f"plan() on the first observation {common.fmt_s(first['wall_s'])} (CPU {common.fmt_s(first['cpu_s'])}), "
+        f"on the failure of the pod in most worlds {common.fmt_s(failure['wall_s'])} "
+        f"(CPU {common.fmt_s(failure['cpu_s'])}); Python's peak during a plan {f['plan_peak_mib']:.1f} MiB; "
+        f"a process that imported the operator and made both plans: peak RSS {f['operator_rss_mib']:.0f} MiB",
+        common.table(
+            ["written for it", "KiB", "limit KiB", "of the limit"],
+            [[what, f"{size / 1024:.1f}", f"{limit / 1024:g}", f"{size / limit:.0%}"] for what, size, limit in sizes],
+        ),
+        f"the status's limit: etcd's {limits.OBJECT_LIMIT // 1024} KiB object less a spec at its cap, "
+        f"annotations at theirs and {limits.METADATA_ROOM // 1024} KiB of other metadata",
+    ]
+    targets = [
+        common.Target("largest spec: plan on the first observation", first["wall_s"], limits.PLAN_LIMIT_S, " s"),
+        common.Target("largest spec: plan on a failure", failure["wall_s"], limits.PLAN_LIMIT_S, " s"),
+        common.Target(
+            "largest spec: peak RSS of a process planning it (the chart's limit)",
+            f["operator_rss_mib"],
+            chart_mib,
+            " MiB",
+        ),
+        *(common.Target(f"largest spec: {what}", size / 1024, limit / 1024, " KiB") for what, size, limit in sizes),
+    ]
+    return body, targets
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # First, alone: the API server and the operator would take CPU from the plans timed here.
+    loaded = common.machine_load()
+    largest = measure_largest()
+    body: list[str] = []
+    targets: list[common.Target] = []
+    results: dict[str, Any] = {}
+    if not args.largest:
+        loaded, body, targets, results = cluster_figures(args)
+    more_body, more_targets = largest_rows(largest)
+    title = (
+        "scale: the largest accepted spec"
+        if args.largest
+        else (
+            "scale: a MultiWorld of many worlds, and many MultiWorlds (real kube-apiserver); the largest accepted spec"
         )
+    )
+    common.report(title, loaded, [*body, *more_body], [*targets, *more_targets])
+    if args.json:
+        common.json_line({**results, "largest": largest})
     return 0
 
 

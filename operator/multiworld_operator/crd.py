@@ -4,7 +4,8 @@ Public API: `crd() -> dict` and `crd_yaml() -> str` (what `multiworld crd` print
 crds/multiworld.io_multiworlds.yaml holds). The schema is structural (apiextensions.k8s.io/v1,
 Kubernetes 1.20: no CEL): every node typed, pod templates kept whole with
 x-kubernetes-preserve-unknown-fields, the spec's scalar defaults applied by the API server.
-Cross-field rules (references, sizes, pod name length) are checked by the controller.
+Cross-field rules (references, sizes, pod name length) and the caps a schema cannot say (pods
+and ranks in all, worlds per pod, the spec's size: spec.py) are checked by the controller.
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ Public API (stable; the local runner and the Kubernetes operator build on it):
 - `load_manifest(path_or_text) -> MultiWorld`: a YAML file path (str or Path) or YAML text
   holding one MultiWorld manifest. `parse_manifest(data: Mapping) -> MultiWorld` does the same
   for an already-parsed dict (e.g. the body kopf hands over). Both raise `SpecError` listing
-  every problem at once, each prefixed by its field path: `spec.worlds[1].ranks[2]: member 'w3'
-  is not declared`.
+  the problems at once (up to MAX_PROBLEMS, then how many more), each prefixed by its field
+  path: `spec.worlds[1].ranks[2]: member 'w3' is not declared`. Besides the bounds of each
+  field, the spec's caps (MAX_PODS, MAX_RANKS, MAX_WORLDS, MAX_WORLDS_PER_POD, MAX_SPEC_BYTES)
+  are checked here, each following from a limit of Linux, Kubernetes or the operator.
 - `MultiWorld` (`.api_version`, `.kind`, `.metadata: Metadata`, `.spec: MultiWorldSpec`) and
   the helpers on it:
   - `pods_of(member) -> ['<mw>-<member>-0', ...]`, `all_pods() -> [...]` (spec order),
@@ -30,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from functools import cached_property
 from pathlib import Path
@@ -76,10 +79,42 @@ MAX_DURATION = "366d"
 MAX_DURATION_LENGTH = 32
 MAX_FACTOR = 100.0
 MAX_RESTARTS = 10_000
-MAX_REPLICAS = 4096
-MAX_MEMBERS = 4096
-MAX_WORLDS = 4096
 MAX_SPARES = 64
+# Caps that follow from measured limits, each at names of 63 characters (tests/spec/
+# test_limits.py builds the largest spec they admit with the real code and holds every object
+# written for it to its limit; `bench/scale.py --largest` reports the figures):
+# - A pod's worlds: their assignments are one environment string of its container
+#   (MULTIWORLD_WORLDS), which Linux caps at 128 KiB (MAX_ARG_STRLEN: past it the container
+#   cannot start), and its annotations (the operator's created-for stamp, the worker's status
+#   and a broken-world report per world) share the 256 KiB an object's annotations may hold.
+#   The annotations bind first; the cap keeps them within two thirds of their limit, leaving
+#   room for the template's own and for reports' reasons longer than MAX_MESSAGE.
+MAX_WORLDS_PER_POD = 200
+# - The longest message the status keeps per world or per pod (why a world failed, why a pod
+#   waits), as the caps below assume it; the reasons of workers' reports are taken at this
+#   length too.
+MAX_MESSAGE = 128
+# - Worlds and ranks: a MultiWorld's spec, metadata and status are one object, which etcd caps
+#   at 1.5 MiB. The status at its largest (every world with a failure, every rank waiting, each
+#   with a message of MAX_MESSAGE characters) grows with the worlds and with the ranks; it must
+#   fit beside a spec of MAX_SPEC_BYTES and 256 KiB of annotations, with a fifth to spare.
+MAX_WORLDS = 512
+MAX_RANKS = 2048
+# - Pods (replicas and warm spares of every member): one plan of the largest spec must take
+#   under a second, and the operator planning it must stay within the chart's memory limit
+#   (charts/multiworld-operator/values.yaml); the time of a first plan grows with pods times
+#   ranks. As many as the ranks: every member pod is a rank, and warm spares fit in what is left.
+MAX_PODS = MAX_RANKS
+MAX_REPLICAS = MAX_PODS
+MAX_MEMBERS = MAX_PODS
+# - The spec as JSON: it shares the object with the status (above); and a client-side
+#   `kubectl apply` keeps a copy of it in an annotation, which must fit in the 256 KiB.
+MAX_SPEC_BYTES = 256 * 1024
+# - A refusal lists at most MAX_PROBLEMS problems (then how many more), each cut to
+#   MAX_PROBLEM_LENGTH characters: the condition SpecValid carries them in the status (Ready
+#   too, for a spec that never was valid), which shares the object with the largest spec.
+MAX_PROBLEMS = 32
+MAX_PROBLEM_LENGTH = 320
 # A warm spare is named `<mw>-<member>-spare-<serial in letters>`; its name must fit a label with
 # room for this many letters of serial (26**4 spares over a MultiWorld's life).
 SPARE_SERIAL_ROOM = 4
@@ -91,12 +126,21 @@ _CROSS_FIELD_ERROR = "multiworld_spec"
 
 
 class SpecError(ValueError):
-    """An invalid MultiWorld; `problems` holds every problem found, each naming its field."""
+    """An invalid MultiWorld; `problems` holds the problems found, each naming its field: at
+    most MAX_PROBLEMS of MAX_PROBLEM_LENGTH characters, then a line saying how many more
+    (`count`: all of them)."""
 
     def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
+        self.count = len(problems)
+        self.problems = [_shortened(p, MAX_PROBLEM_LENGTH) for p in problems[:MAX_PROBLEMS]]
+        if self.count > MAX_PROBLEMS:
+            self.problems.append(f"and {self.count - MAX_PROBLEMS} more problem(s)")
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"invalid MultiWorld ({len(self.problems)} problem(s)):\n{lines}")
+        super().__init__(f"invalid MultiWorld ({self.count} problem(s)):\n{lines}")
+
+
+def _shortened(text: str, length: int) -> str:
+    return text if len(text) <= length else text[: length - 3] + "..."
 
 
 def parse_duration(text: str) -> float:
@@ -245,9 +289,17 @@ class MultiWorldSpec(_SpecModel):
     update_strategy: UpdateStrategy = Field(
         default_factory=UpdateStrategy, description="How a template edit rolls out to running pods."
     )
-    members: list[Member] = Field(min_length=1, max_length=MAX_MEMBERS, description="Pods, declared once.")
+    members: list[Member] = Field(
+        min_length=1,
+        max_length=MAX_MEMBERS,
+        description=f"Pods, declared once: at most {MAX_PODS} in all (replicas and spares); a member's pods are "
+        f"in at most {MAX_WORLDS_PER_POD} worlds.",
+    )
     worlds: list[World] = Field(
-        min_length=1, max_length=MAX_WORLDS, description="Communication groups, many-to-many with members."
+        min_length=1,
+        max_length=MAX_WORLDS,
+        description=f"Communication groups, many-to-many with members: at most {MAX_RANKS} ranks in all after "
+        "expanding replicas.",
     )
 
 
@@ -482,15 +534,47 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
     if isinstance(mw_name, str):
         problems += _label_problems("metadata.name", mw_name, _DNS1035_LABEL, "a letter")
     spec = data.get("spec")
+    problems += _spec_size_problems(spec)
     replicas = _member_problems(spec, mw_name if isinstance(mw_name, str) else None, problems)
-    used = _world_problems(spec, replicas, problems)
+    worlds_of, ranks = _world_problems(spec, replicas, problems)
     reported: set[str] = set()
     for index, member in _items(spec, "members"):
         name = member.get("name")
-        if isinstance(name, str) and name in replicas and name not in used | reported:
+        if not isinstance(name, str) or name not in replicas or name in reported:
+            continue
+        reported.add(name)
+        if not worlds_of[name]:
             problems.append(f"spec.members[{index}]: member {name!r} is in no world")
-            reported.add(name)
+        elif worlds_of[name] > MAX_WORLDS_PER_POD:
+            problems.append(
+                f"spec.members[{index}]: member {name!r} is in {worlds_of[name]} worlds; "
+                f"a pod may be in at most {MAX_WORLDS_PER_POD}"
+            )
+    pods = sum(_count(m, "replicas", 1) + _count(m, "spares", 0) for _, m in _items(spec, "members"))
+    if pods > MAX_PODS:
+        problems.append(f"spec.members: {pods} pods in all (replicas and spares of every member); at most {MAX_PODS}")
+    if ranks > MAX_RANKS:
+        problems.append(f"spec.worlds: {ranks} ranks in all worlds after expanding replicas; at most {MAX_RANKS}")
     return problems
+
+
+def _spec_size_problems(spec: object) -> list[str]:
+    try:
+        size = len(json.dumps(spec, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+    except (TypeError, ValueError):  # keys JSON cannot hold: the models name them
+        return []
+    if size <= MAX_SPEC_BYTES:
+        return []
+    return [
+        f"spec: {size} bytes as JSON; at most {MAX_SPEC_BYTES} (the status shares the object with it, "
+        "and `kubectl apply` keeps a copy of it in an annotation)"
+    ]
+
+
+def _count(member: Mapping[str, Any], key: str, default: int) -> int:
+    """A member's replicas or spares when valid (invalid ones are named elsewhere), else 0."""
+    value = member.get(key, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _member_problems(spec: object, mw_name: str | None, problems: list[str]) -> dict[str, int | None]:
@@ -524,9 +608,11 @@ def _member_problems(spec: object, mw_name: str | None, problems: list[str]) -> 
     return declared
 
 
-def _world_problems(spec: object, replicas: Mapping[str, int | None], problems: list[str]) -> set[str]:
-    """Check world names and rank lists; return the members some world uses."""
-    used: set[str] = set()
+def _world_problems(spec: object, replicas: Mapping[str, int | None], problems: list[str]) -> tuple[Counter[str], int]:
+    """Check world names and rank lists; return how many worlds use each member, and the ranks
+    of every world whose size is known."""
+    used: Counter[str] = Counter()
+    total = 0
     seen_worlds: set[str] = set()
     for index, world in _items(spec, "worlds"):
         name = world.get("name")
@@ -552,7 +638,7 @@ def _world_problems(spec: object, replicas: Mapping[str, int | None], problems: 
             elif member in in_world:
                 problems.append(f"{path}: member {member!r} appears twice in world {label!r}")
             else:
-                used.add(member)
+                used[member] += 1
                 count = replicas[member]
                 size = None if size is None or count is None else size + count
             in_world.add(member)
@@ -561,7 +647,8 @@ def _world_problems(spec: object, replicas: Mapping[str, int | None], problems: 
                 f"spec.worlds[{index}].ranks: world {label!r} has {size} rank(s) after expanding "
                 "replicas; a world needs at least 2"
             )
-    return used
+        total += size or 0
+    return used, total
 
 
 def _label_problems(path: str, value: str, pattern: re.Pattern[str], first: str = "a letter or digit") -> list[str]:

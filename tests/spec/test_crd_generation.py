@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from multiworld_operator.crd import crd, crd_yaml
+from multiworld_operator.spec import MAX_REPLICAS
 
 COMMITTED = Path(__file__).resolve().parents[2] / "crds" / "multiworld.io_multiworlds.yaml"
 
@@ -96,7 +97,7 @@ def test_spec_fields_are_typed_and_templates_preserved() -> None:
         "type": "integer",
         "description": member["properties"]["replicas"]["description"],
         "minimum": 1,
-        "maximum": 4096,
+        "maximum": MAX_REPLICAS,
         "default": 1,
     }
     assert member["properties"]["template"]["x-kubernetes-preserve-unknown-fields"] is True

@@ -1,0 +1,177 @@
+"""The caps of the spec (spec.py) against the limits they follow from: the largest spec they
+admit is accepted and everything written for it fits its limit, with names of 63 characters;
+one past any cap is refused, naming its field. The figures come from the real code
+(spec.limits_support: the planner, the operator's bodies, the worker's annotations)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from spec.limits_support import (
+    ANNOTATIONS_LIMIT,
+    CONFIGMAP_LIMIT,
+    ENV_STRING_LIMIT,
+    OBJECT_LIMIT,
+    PLAN_LIMIT_S,
+    STATUS_ROOM,
+    Largest,
+    annotations_bytes,
+    chart_memory_limit_mib,
+    env_string,
+    exec_string_limit,
+    largest_manifest,
+    measure_largest,
+    operator_rss_mib,
+    pod_annotations,
+    world_configmap,
+)
+
+from multiworld_operator.crd import crd
+from multiworld_operator.spec import (
+    MAX_MEMBERS,
+    MAX_PODS,
+    MAX_PROBLEM_LENGTH,
+    MAX_PROBLEMS,
+    MAX_RANKS,
+    MAX_REPLICAS,
+    MAX_SPEC_BYTES,
+    MAX_WORLDS,
+    MAX_WORLDS_PER_POD,
+    SpecError,
+    parse_manifest,
+)
+
+# Each figure at most this share of its limit: what the caps keep in hand.
+MARGIN = 0.8
+
+
+@pytest.fixture(scope="module")
+def largest() -> Largest:
+    return measure_largest()
+
+
+def test_the_largest_spec_is_accepted_and_reaches_every_cap(largest: Largest) -> None:
+    assert (largest.pods, largest.ranks, largest.worlds, largest.worlds_per_pod) == (
+        MAX_PODS,
+        MAX_RANKS,
+        MAX_WORLDS,
+        MAX_WORLDS_PER_POD,
+    )
+    assert largest.spec_bytes <= MAX_SPEC_BYTES
+
+
+def test_the_pod_in_most_worlds_can_start_and_be_annotated() -> None:
+    """Its environment string and its annotations at MAX_WORLDS_PER_POD worlds, every name
+    and number at its longest, against the kernel's and the API server's limits."""
+    env = len(env_string(MAX_WORLDS_PER_POD))
+    annotations = annotations_bytes(pod_annotations(MAX_WORLDS_PER_POD))
+    assert env <= MARGIN * ENV_STRING_LIMIT, env
+    assert annotations <= MARGIN * ANNOTATIONS_LIMIT, annotations
+    # Both grow with the worlds: the cap is what keeps them there.
+    assert len(env_string(4 * MAX_WORLDS_PER_POD)) > ENV_STRING_LIMIT
+    assert annotations_bytes(pod_annotations(2 * MAX_WORLDS_PER_POD)) > ANNOTATIONS_LIMIT
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Linux's MAX_ARG_STRLEN")
+def test_the_environment_string_limit_is_the_kernels() -> None:
+    assert exec_string_limit() == ENV_STRING_LIMIT
+
+
+def test_what_the_operator_writes_for_the_largest_spec_fits(largest: Largest) -> None:
+    # The MultiWorld: a spec as large as admitted, annotations as large as allowed, the status
+    # at its largest.
+    assert largest.status_worst_bytes <= MARGIN * STATUS_ROOM, largest
+    assert largest.memory_configmap_data_bytes <= MARGIN * CONFIGMAP_LIMIT, largest
+    assert largest.world_configmap_data_bytes <= MARGIN * CONFIGMAP_LIMIT, largest
+    assert largest.env_string_bytes <= MARGIN * ENV_STRING_LIMIT, largest
+    assert largest.annotations_bytes <= MARGIN * ANNOTATIONS_LIMIT, largest
+
+
+def test_a_world_of_every_rank_fits_its_configmap() -> None:
+    body, data = world_configmap(MAX_RANKS)
+    assert data <= MARGIN * CONFIGMAP_LIMIT and body <= MARGIN * OBJECT_LIMIT, (body, data)
+
+
+def test_the_largest_spec_plans_in_time_and_memory(largest: Largest) -> None:
+    # CPU time: the wall clock of a shared test machine says more about its load.
+    assert largest.plan_first.cpu_s < PLAN_LIMIT_S, largest.plan_first
+    assert largest.plan_failure.cpu_s < PLAN_LIMIT_S, largest.plan_failure
+    rss = operator_rss_mib()
+    assert rss <= MARGIN * chart_memory_limit_mib(), rss
+
+
+def _more_ranks(data: dict[str, Any]) -> None:
+    data["spec"]["worlds"][1]["ranks"].append(data["spec"]["members"][-1]["name"])
+
+
+def _more_pods(data: dict[str, Any]) -> None:
+    next(m for m in data["spec"]["members"] if m.get("spares"))["spares"] += 1
+
+
+def _more_worlds_per_pod(data: dict[str, Any]) -> None:
+    worlds = data["spec"]["worlds"]
+    worlds[MAX_WORLDS_PER_POD]["ranks"][0] = worlds[0]["ranks"][0]
+
+
+def _more_worlds(data: dict[str, Any]) -> None:
+    data["spec"]["worlds"].append({**data["spec"]["worlds"][0], "name": "one-more"})
+
+
+def _larger_spec(data: dict[str, Any]) -> None:
+    data["spec"]["template"]["metadata"] = {"annotations": {"big": "x" * MAX_SPEC_BYTES}}
+
+
+@pytest.mark.parametrize(
+    ("edit", "path", "fragment"),
+    [
+        (
+            _more_ranks,
+            "spec.worlds",
+            f"{MAX_RANKS + 1} ranks in all worlds after expanding replicas; at most {MAX_RANKS}",
+        ),
+        (_more_pods, "spec.members", f"{MAX_PODS + 1} pods in all (replicas and spares of every member); at most"),
+        (_more_worlds_per_pod, "spec.members[0]", f"{MAX_WORLDS_PER_POD + 1} worlds; a pod may be in at most"),
+        (_larger_spec, "spec", f"bytes as JSON; at most {MAX_SPEC_BYTES}"),
+    ],
+)
+def test_one_past_a_cap_is_refused_naming_its_field(
+    edit: Callable[[dict[str, Any]], None], path: str, fragment: str
+) -> None:
+    data = largest_manifest()
+    parse_manifest(copy.deepcopy(data))
+    edit(data)
+    with pytest.raises(SpecError) as caught:
+        parse_manifest(data)
+    (found,) = caught.value.problems
+    assert found.startswith(f"{path}: ") and fragment in found, found
+
+
+def test_the_schema_refuses_what_it_can_say() -> None:
+    data = largest_manifest()
+    _more_worlds(data)
+    with pytest.raises(SpecError) as caught:
+        parse_manifest(data)
+    assert f"spec.worlds: List should have at most {MAX_WORLDS} items after validation, not {MAX_WORLDS + 1}" in (
+        caught.value.problems
+    )
+    (version,) = crd()["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec["worlds"]["maxItems"] == MAX_WORLDS and spec["members"]["maxItems"] == MAX_MEMBERS
+    assert spec["members"]["items"]["properties"]["replicas"]["maximum"] == MAX_REPLICAS
+    assert spec["worlds"]["items"]["properties"]["ranks"]["maxItems"] == MAX_MEMBERS
+
+
+def test_a_refusal_lists_a_bounded_number_of_bounded_problems() -> None:
+    data = largest_manifest()
+    for world in data["spec"]["worlds"]:
+        world["ranks"].append("y" * 10_000)  # an undeclared member in every world, its name too long
+    with pytest.raises(SpecError) as caught:
+        parse_manifest(data)
+    problems, count = caught.value.problems, caught.value.count
+    assert count > MAX_PROBLEMS and f"({count} problem(s))" in str(caught.value)
+    assert len(problems) == MAX_PROBLEMS + 1 and problems[-1] == f"and {count - MAX_PROBLEMS} more problem(s)"
+    assert all(len(p) <= MAX_PROBLEM_LENGTH for p in problems)
