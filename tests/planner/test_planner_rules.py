@@ -16,7 +16,8 @@ from multiworld_operator.planner import (
     merge_patch,
     plan,
 )
-from multiworld_operator.spec import MultiWorld
+from multiworld_operator.planner.status import CUT_MARK
+from multiworld_operator.spec import MAX_MESSAGE, MultiWorld
 
 LEADER, W1_0, W1_1, W2_0 = "mw-leader-0", "mw-w1-0", "mw-w1-1", "mw-w2-0"
 
@@ -274,6 +275,30 @@ def test_slow_scheduling_is_not_a_failure() -> None:
     result = sim.step()
     assert sim.epoch("world1") == 1 and result.status.worlds["world1"].phase == "Running"
     assert result.status.worlds["world1"].waiting == {}
+
+
+def test_messages_the_status_keeps_are_cut_to_the_length_the_caps_assume() -> None:
+    """A crash's termination message (kubelet keeps up to 4 KiB of it), a report's reason and a
+    pod's reason to wait are cut, with a mark, where the status keeps them; a restored status is
+    cut the same way."""
+    long = "x" * 4000
+    sim = running()
+    sim.pods[W1_0] = sim.pods[W1_0].model_copy(update={"phase": "Failed", "message": long})
+    sim.report("world2", epoch=1, pod=W2_0, reason=long)
+    result = sim.step()
+    for world in ("world1", "world2"):
+        failure = result.status.worlds[world].last_failure
+        assert failure is not None and len(failure.message) == MAX_MESSAGE, failure
+        assert failure.message.endswith(CUT_MARK) and "xxx" in failure.message
+    sim.pods[W1_1] = sim.pods[W1_1].model_copy(update={"phase": "Pending", "joined": None, "waiting": long})
+    waiting = sim.step().status.worlds["world1"].waiting[W1_1]
+    assert len(waiting) == MAX_MESSAGE and waiting.endswith(CUT_MARK)
+    stored = result.status.to_dict()
+    stored["worlds"]["world1"]["lastFailure"]["message"] = long
+    loaded = MultiWorldStatus.from_dict(stored)
+    assert loaded is not None
+    restored = loaded.worlds["world1"].last_failure
+    assert restored is not None and len(restored.message) == MAX_MESSAGE
 
 
 def test_a_join_timeout_while_every_rank_ran_is_a_failure() -> None:

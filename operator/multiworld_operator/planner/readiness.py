@@ -6,7 +6,7 @@ container starting).
 
 from __future__ import annotations
 
-from .status import WorldStatus
+from .status import WorldStatus, clipped
 from .step import Step
 
 
@@ -46,7 +46,7 @@ def _note_waiting(step: Step, name: str, state: WorldStatus) -> None:
         if seen is None:
             waiting[pod] = "not created yet"
         elif seen.phase == "Pending":
-            waiting[pod] = seen.waiting or "Pending"
+            waiting[pod] = clipped(seen.waiting or "Pending")
     before = step.previous.worlds.get(name)
     told = (
         before is not None and before.epoch == state.epoch and any(_worth_telling(r) for r in before.waiting.values())

@@ -14,18 +14,35 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from multiworld.contract import Backend, WorldTable
+
+from ..spec import MAX_MESSAGE
 
 WorldPhase = Literal["Pending", "Running", "Recovering", "Failed", "Succeeded", "Suspended"]
 Phase = Literal["Pending", "Running", "Degraded", "Recovering", "Failed", "Succeeded", "Suspended"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 # Phases in which a world is formed (or forming) at its epoch and listed in the world table.
 UP_PHASES: frozenset[str] = frozenset({"Pending", "Running", "Recovering"})
+# A condition's message (a few per MultiWorld: room for a list of world names, cut beyond).
+MAX_CONDITION_MESSAGE = 1024
+CUT_MARK = " [...]"
+
+
+def clipped(text: str, limit: int = MAX_MESSAGE) -> str:
+    """`text`, or its first characters and CUT_MARK when it is longer than `limit`: a message
+    the status keeps (a termination message, a report's reason) never outgrows the sizes the
+    spec's caps were derived for."""
+    return text if len(text) <= limit else text[: limit - len(CUT_MARK)] + CUT_MARK
+
+
+# Texts the status keeps per world or per pod, and per condition: cut when set or loaded.
+Message = Annotated[str, AfterValidator(clipped)]
+ConditionMessage = Annotated[str, AfterValidator(lambda text: clipped(text, MAX_CONDITION_MESSAGE))]
 
 
 class _StatusModel(BaseModel):
@@ -42,7 +59,7 @@ class Failure(_StatusModel):
     pod: str
     rank: int
     epoch: int
-    message: str = ""
+    message: Message = ""
 
 
 class WorldView(_StatusModel):
@@ -58,7 +75,7 @@ class WorldView(_StatusModel):
     # lists its new epoch, which its kept pods wait in).
     restart_at: datetime | None = None
     # While the world forms: its pods that are not running yet, with why they wait.
-    waiting: dict[str, str] = Field(default_factory=dict)
+    waiting: dict[str, Message] = Field(default_factory=dict)
 
 
 class WorldStatus(WorldView):
@@ -105,14 +122,14 @@ class SpareRecord(_StatusModel):
 
 class RolloutHalt(_StatusModel):
     template: str
-    reason: str
+    reason: Message
 
 
 class Condition(_StatusModel):
     type: str
     status: ConditionStatus
     reason: str
-    message: str = ""
+    message: ConditionMessage = ""
     last_transition_time: datetime
 
 
