@@ -55,7 +55,10 @@ def test_scale_quick_run_reports_every_figure() -> None:
         "create_s",
         "operator_rss_mib",
         "many",
+        "largest",
     }
+    largest = figures["largest"]
+    assert 0 < largest["plan_first"]["wall_s"] < 10 and largest["operator_rss_mib"] > 0, largest
     assert set(figures["react_s"]) == set(figures["create_s"]) == {"2", "10"}
     assert set(figures["object_kib"]) == {"2", "10", "20"}
     assert figures["object_kib"]["2"] < figures["object_kib"]["10"] < figures["object_kib"]["20"]
