@@ -7,7 +7,11 @@
   within the failure policy's window, after a backoff: its new pods are made only then, while
   the table already lists the new epoch, so the kept pods wait in it rather than leave a world
   that merely backs off (a world waiting cannot fail again). When the window already holds
-  `maxRestarts` restarts the world is Failed for good instead; the others go on.
+  `maxRestarts` restarts the world is Failed for good instead; the others go on. The history
+  is bounded (`WorldStatus.with_restart`): the last RECENT_RESTARTS restarts one by one, older
+  ones counted per slot of window / RESTART_SLOTS, a slot leaving the window with its newest
+  restart: exact up to RECENT_RESTARTS restarts in the window, a restart beyond counted at most
+  a slot's width too long.
 - A pod instance that ends fails only the worlds whose current epoch it was made for or joined
   (or may have: when nothing says what it joined). A shared pod kept for a world's new epoch
   that dies before joining it fails that world no second time: its replacement joins the epoch.
@@ -199,23 +203,24 @@ class _Recovery:
         state = step.worlds[world]
         policy = step.mw.world(world).failure_policy
         since = step.now - timedelta(seconds=policy.window_seconds)
-        recent = [t for t in state.recent_restarts if t > since]
+        state.forget_restarts(since)
+        recent = state.restarts_within(since)
         self.failed_now.add(world)
-        state.last_failure, state.recent_restarts, state.ready_ranks = failure, recent, 0
+        state.last_failure, state.ready_ranks = failure, 0
         cause = f"world {world} epoch {failure.epoch} failed: {failure.message}"
-        if len(recent) >= policy.max_restarts:
+        if recent >= policy.max_restarts:
             state.phase, state.restart_at = "Failed", None
             step.event(
                 "Warning",
                 "WorldExhausted",
                 world,
-                f"{cause}; giving up after {len(recent)} restart(s) within {policy.window}",
+                f"{cause}; giving up after {recent} restart(s) within {policy.window}",
             )
             return
-        delay = policy.backoff.delay(len(recent))
+        delay = policy.backoff.delay(recent)
         state.epoch += 1
         state.restarts += 1
-        state.recent_restarts = [*recent, step.now]
+        state.with_restart(step.now, policy.window_seconds)
         state.phase = "Recovering"
         state.restart_at = step.now + timedelta(seconds=delay) if delay > 0 else None
         state.epoch_started = state.restart_at or step.now
@@ -225,7 +230,7 @@ class _Recovery:
             "WorldFailed",
             world,
             f"{cause}; restarting at epoch {state.epoch}{when} "
-            f"(restart {len(state.recent_restarts)}/{policy.max_restarts} within {policy.window})",
+            f"(restart {recent + 1}/{policy.max_restarts} within {policy.window})",
         )
 
     # -- which pods a failure costs --------------------------------------------------------

@@ -30,7 +30,8 @@ def apply_spec(step: Step) -> None:
             current.ready_ranks = 0
             if current.phase == "Failed":
                 # An edited definition gets a fresh restart budget.
-                current.recent_restarts, current.restart_at = [], None
+                current.restart_at = None
+                current.forget_all_restarts()
             if current.restart_at is None:
                 current.phase, current.epoch_started = "Pending", step.now
             step.event(

@@ -13,7 +13,7 @@ worlds stays well inside etcd's object limit. The CRD's status schema is generat
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
@@ -26,6 +26,11 @@ from ..spec import MAX_MESSAGE
 WorldPhase = Literal["Pending", "Running", "Recovering", "Failed", "Succeeded", "Suspended"]
 Phase = Literal["Pending", "Running", "Degraded", "Recovering", "Failed", "Succeeded", "Suspended"]
 ConditionStatus = Literal["True", "False", "Unknown"]
+# A world's restart history: its last RECENT_RESTARTS restarts in the window exactly, the older
+# ones counted per slot of window / RESTART_SLOTS (so the history stays a few hundred bytes
+# however many restarts the policy allows).
+RECENT_RESTARTS = 16
+RESTART_SLOTS = 32
 # Phases in which a world is formed (or forming) at its epoch and listed in the world table.
 UP_PHASES: frozenset[str] = frozenset({"Pending", "Running", "Recovering"})
 # A condition's message (a few per MultiWorld: room for a list of world names, cut beyond).
@@ -62,6 +67,15 @@ class Failure(_StatusModel):
     message: Message = ""
 
 
+class RestartSlot(_StatusModel):
+    """`count` restarts within one slot of the window, the newest of them at `last`. A slot
+    leaves the window when its newest restart does: its older ones count at most a slot's
+    width (window / RESTART_SLOTS) longer than they would one by one."""
+
+    last: datetime
+    count: int = Field(ge=1)
+
+
 class WorldView(_StatusModel):
     """One world as the CR's status shows it."""
 
@@ -81,8 +95,10 @@ class WorldView(_StatusModel):
 class WorldStatus(WorldView):
     """One world in the planner's memory."""
 
-    # Restarts still inside the failure policy's window (oldest first).
+    # Restarts still inside the failure policy's window (oldest first): the last RECENT_RESTARTS
+    # one by one, the older ones per slot (restarts_within, with_restart).
     recent_restarts: list[datetime] = Field(default_factory=list)
+    earlier_restarts: list[RestartSlot] = Field(default_factory=list)
     # When the current epoch opened (a failure, a spec edit, a backoff's end): a kept pod that
     # has not joined it `joinTimeout` later is replaced.
     epoch_started: datetime | None = None
@@ -94,6 +110,39 @@ class WorldStatus(WorldView):
     @property
     def up(self) -> bool:
         return self.phase in UP_PHASES and self.restart_at is None
+
+    def restarts_within(self, since: datetime) -> int:
+        """How many restarts the history holds after `since` (a slot counts whole while its
+        newest restart is after it)."""
+        return sum(slot.count for slot in self.earlier_restarts if slot.last > since) + sum(
+            1 for t in self.recent_restarts if t > since
+        )
+
+    def forget_restarts(self, since: datetime) -> None:
+        """Drop the restarts at or before `since` (they left the window); new lists, never
+        edits in place (a copied status shares them with the one it was copied from)."""
+        self.earlier_restarts = [slot for slot in self.earlier_restarts if slot.last > since]
+        self.recent_restarts = [t for t in self.recent_restarts if t > since]
+
+    def with_restart(self, now: datetime, window_seconds: float) -> None:
+        """Add a restart at `now`: the oldest of more than RECENT_RESTARTS go into the slot of
+        width window / RESTART_SLOTS they fall in (aligned on the epoch), at most
+        2 * RESTART_SLOTS slots (beyond, after the window shrank, the two oldest merge)."""
+        recent = [*self.recent_restarts, now]
+        slots = list(self.earlier_restarts)
+        width = window_seconds / RESTART_SLOTS
+        while len(recent) > RECENT_RESTARTS:
+            moved, recent = recent[0], recent[1:]
+            if slots and width > 0 and _slot(slots[-1].last, width) == _slot(moved, width):
+                slots[-1] = RestartSlot(last=moved, count=slots[-1].count + 1)
+            else:
+                slots.append(RestartSlot(last=moved, count=1))
+        while len(slots) > 2 * RESTART_SLOTS:
+            slots[:2] = [RestartSlot(last=slots[1].last, count=slots[0].count + slots[1].count)]
+        self.recent_restarts, self.earlier_restarts = recent, slots
+
+    def forget_all_restarts(self) -> None:
+        self.recent_restarts, self.earlier_restarts = [], []
 
 
 class PodRecord(_StatusModel):
@@ -197,6 +246,13 @@ class MultiWorldStatus(StatusView):
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
+
+
+def _slot(time: datetime, width: float) -> int:
+    return int((time - _EPOCH) / timedelta(seconds=width))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def played_by(records: Mapping[str, PodRecord], pod: str) -> str:
