@@ -145,7 +145,7 @@ class Bench:
         )
         # The World's own torch ProcessGroupGloo, called directly: the raw column. (Any: torch's
         # stubs omit a backend's ops, which are bound in C++.)
-        self.raw: Any = self.world._comm
+        self.raw: Any = self.world.communicator
         # One built by hand, on a store of its own: the communicator row, and the plumbing that
         # agrees on a plan and gathers the timings outside the measurement.
         self._store = TCPStore("127.0.0.1", own_port, RANKS, rank == 0, timedelta(seconds=120))

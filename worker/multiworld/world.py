@@ -80,6 +80,14 @@ class World(Collectives):
         return self._error
 
     @property
+    def communicator(self) -> Backend | None:
+        """The world's own torch communicator (a ProcessGroup backend), for what the library does
+        not wrap; None once released. The library does not track ops called on it directly: one
+        that fails raises torch's own error, and the world breaks when the heartbeats or a
+        library op see the failure."""
+        return self._comm
+
+    @property
     def released(self) -> bool:
         """True once the communicator is aborted and dropped."""
         return self._released.is_set()
