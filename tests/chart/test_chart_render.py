@@ -26,7 +26,7 @@ OPERATOR_IN_NAMESPACE = (
     | grants("", ["services"], ["get", "list", "watch", "create"])
     | grants("", ["events"], ["create"])
     | grants("networking.k8s.io", ["networkpolicies"], ["get", "create", "patch", "delete"])
-    | grants("", ["configmaps"], ["get", "list", "create", "update", "delete"])
+    | grants("", ["configmaps"], ["get", "list", "watch", "create", "update", "delete"])
 )
 # kopf's cluster-scoped reads: CRDs (to notice the MultiWorld resource) and namespaces.
 KOPF_CLUSTER_READS = grants("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]) | grants(

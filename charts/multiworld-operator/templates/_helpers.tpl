@@ -81,5 +81,5 @@ their NetworkPolicies (spec.networkPolicy), and post Events. Used by the Cluster
 # Each MultiWorld's memory (ConfigMap <mw>) and live world table (ConfigMaps <mw>.<world>).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "create", "update", "delete"]
+  verbs: ["get", "list", "watch", "create", "update", "delete"]
 {{- end }}

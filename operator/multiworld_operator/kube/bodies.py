@@ -23,6 +23,11 @@ MEMBER_LABEL = "multiworld.io/member"
 ORDINAL_LABEL = "multiworld.io/ordinal"
 SPARE_LABEL = "multiworld.io/spare"
 PLAYS_LABEL = "multiworld.io/plays"
+# The planner's memory ConfigMap is labelled with its MultiWorld under a key of its own, not
+# NAME_LABEL: `kubectl delete cm -l multiworld.io/name=<mw>` (the world table) cannot take the
+# memory with it, and the operator's watch of the world table (NAME_LABEL and WORLD_LABEL)
+# leaves the memory out.
+MEMORY_LABEL = "multiworld.io/memory-of"
 # The planner's stamp on each pod instance (CreatePod.created_for), read back when observing.
 CREATED_FOR_ANNOTATION = "multiworld.io/created-for"
 COMPONENT = "multiworld-operator"

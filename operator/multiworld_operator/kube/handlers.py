@@ -1,7 +1,9 @@
-"""The kopf handlers: thin. They watch MultiWorlds, and the pods and Services labelled with
-one, and wake that MultiWorld's reconcile loop (controller.py), which observes, plans and
-executes. No handler writes to the API itself, so kopf keeps no state on the MultiWorld: no
-finalizer, no annotations (deleting a MultiWorld never waits for the operator).
+"""The kopf handlers: thin. They watch MultiWorlds, the pods and Services labelled with one,
+and the world table's ConfigMaps (one deleted or written by someone else is written again at
+once; the memory's ConfigMap is not watched: memory_store.py), and wake
+that MultiWorld's reconcile loop (controller.py), which observes, plans and executes. No
+handler writes to the API itself, so kopf keeps no state on the MultiWorld: no finalizer, no
+annotations (deleting a MultiWorld never waits for the operator).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, cast
 import kopf
 
 from multiworld.channels.kubernetes import api_client
+from multiworld.contract import WORLD_LABEL
 from multiworld.kube_api import REQUEST_TIMEOUT_S
 
 from ..spec import API_GROUP, API_VERSION, PLURAL
@@ -55,6 +58,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # Only our pods and Services travel: the API server filters by label, not kopf after it.
     for plural in ("pods", "services"):
         settings.watching.label_selectors["v1", plural] = NAME_LABEL
+    settings.watching.label_selectors["v1", "configmaps"] = f"{NAME_LABEL},{WORLD_LABEL}"
     # Threads for the blocking client: a reconcile step keeps up to CONCURRENCY requests in flight.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2 * CONCURRENCY, "kube-api"))
     memo.controller = Controller(KubeApi(api_client()))
@@ -85,3 +89,15 @@ async def service_event(
     assert namespace is not None  # services are namespaced
     if event["type"] == "DELETED":
         memo.controller.service_deleted(namespace, labels[NAME_LABEL])
+
+
+@kopf.on.event("", "v1", "configmaps", labels={NAME_LABEL: kopf.PRESENT, WORLD_LABEL: kopf.PRESENT})
+async def table_event(
+    event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
+) -> None:
+    """A world table ConfigMap changed: its MultiWorld's loop is woken when it no longer holds
+    what the operator published (TablePublisher.changed tells)."""
+    assert namespace is not None  # configmaps are namespaced
+    loop = memo.controller.loops.get((namespace, labels[NAME_LABEL]))
+    if loop is not None and loop.reconciler.table.changed(event["type"] == "DELETED", event["object"]):
+        loop.poke()

@@ -6,21 +6,38 @@ and restart history, the record of every pod instance asked for, the table's rev
 the planner needs to plan again after the operator restarts, and nobody else reads it; kept out
 of the MultiWorld, it costs the clients that watch MultiWorlds nothing. Gzipped, because it
 repeats pod and world names: thousands of worlds stay far below the 1 MiB object limit.
+
+Labelled MEMORY_LABEL, not NAME_LABEL like the world table's ConfigMaps, so that deleting the
+table by label leaves the memory. A memory that cannot be read (not base64, not gzip, larger
+than MAX_MEMORY_BYTES once decompressed: a gzip bomb is stopped there, not JSON, not a status)
+is CorruptMemory; a lost or corrupt memory is rebuilt from what the cluster still shows
+(`rebuilt_memory`).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import gzip
 import json
-from collections.abc import Mapping
+import zlib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from multiworld.contract import NAME_LABEL
+from multiworld.contract import WorldEntry, WorldTable
 
-from .bodies import owner_reference
+from ..planner.status import MultiWorldStatus, PodRecord, WorldStatus
+from .bodies import MEMORY_LABEL, owner_reference
+from .observe import SeenPod
 
 MEMORY_KEY = "status.json.gz"
+# The most a memory may take once decompressed: the ConfigMap's 1 MiB times a ratio that JSON
+# of repeated names does not reach (the largest accepted spec's memory is far below).
+MAX_MEMORY_BYTES = 32 * 1024 * 1024
+
+
+class CorruptMemory(ValueError):
+    """The memory ConfigMap holds something that is not a memory; the message says what."""
 
 
 def memory_body(multiworld: Mapping[str, Any], memory: Mapping[str, Any]) -> dict[str, Any]:
@@ -31,15 +48,122 @@ def memory_body(multiworld: Mapping[str, Any], memory: Mapping[str, Any]) -> dic
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": name, "labels": {NAME_LABEL: name}, "ownerReferences": [owner_reference(multiworld)]},
+        "metadata": {"name": name, "labels": {MEMORY_LABEL: name}, "ownerReferences": [owner_reference(multiworld)]},
         "binaryData": {MEMORY_KEY: base64.b64encode(packed).decode()},
     }
 
 
-def read_memory(configmap: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The memory a ConfigMap holds; None when it holds none."""
+def packed_memory(configmap: Mapping[str, Any]) -> str | None:
+    """The memory's bytes as the ConfigMap holds them (base64), if it holds any."""
     packed = (configmap.get("binaryData") or {}).get(MEMORY_KEY)
+    return None if packed is None else str(packed)
+
+
+def read_memory(configmap: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The memory a ConfigMap holds; None when it holds none; CorruptMemory when what it holds
+    is no memory (never more than MAX_MEMORY_BYTES decompressed)."""
+    packed = packed_memory(configmap)
     if packed is None:
         return None
-    memory: dict[str, Any] = json.loads(gzip.decompress(base64.b64decode(packed)))
+    try:
+        compressed = base64.b64decode(packed, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise CorruptMemory(f"{MEMORY_KEY} is not base64: {error}") from None
+    try:
+        memory = json.loads(_gunzip(compressed))
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise CorruptMemory(f"{MEMORY_KEY} is not JSON: {error}") from None
+    if not isinstance(memory, dict):
+        raise CorruptMemory(f"{MEMORY_KEY} holds a JSON {type(memory).__name__}, not an object")
     return memory
+
+
+def _gunzip(compressed: bytes) -> bytes:
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        raw = inflater.decompress(compressed, MAX_MEMORY_BYTES + 1)
+    except zlib.error as error:
+        raise CorruptMemory(f"{MEMORY_KEY} is not gzip: {error}") from None
+    if len(raw) > MAX_MEMORY_BYTES:
+        raise CorruptMemory(f"{MEMORY_KEY} is larger than {MAX_MEMORY_BYTES} bytes once decompressed")
+    if not inflater.eof:
+        raise CorruptMemory(f"{MEMORY_KEY} is cut short (its gzip stream does not end)")
+    return raw
+
+
+def loaded_status(memory: Mapping[str, Any] | None) -> MultiWorldStatus | None:
+    """The planner's status from a stored memory; CorruptMemory when it is not one."""
+    try:
+        return MultiWorldStatus.from_dict(memory)
+    except ValueError as error:  # pydantic's ValidationError is one
+        raise CorruptMemory(f"{MEMORY_KEY} is not the planner's status: {error}") from None
+
+
+def rebuilt_memory(
+    view: Mapping[str, Any] | None, pods: Iterable[SeenPod], entries: Iterable[WorldEntry]
+) -> MultiWorldStatus | None:
+    """The planner's memory rebuilt from what the cluster still shows, when it was lost: the
+    CR's status (each world's phase, epoch, restarts and last failure; the conditions), the
+    world table's ConfigMaps (each world's pods in rank order, its backend; the table), and our
+    pods (a record of each instance from its created-for stamp, which warm spare plays which
+    member pod). Every pod found is recorded as observed, so none is deleted as unknown; each
+    world's epoch is the highest any of them shows. A world's restarts within its window are
+    not known: the last failure counts as one (the rest of the budget is given back). What it
+    cannot rebuild: warm spares that play nothing (their template is not known: they are
+    replaced), the rank list of a world whose table ConfigMap is gone too (its pods stay and
+    join a new epoch). None when there is nothing to rebuild from."""
+    try:
+        status = MultiWorldStatus.from_dict(view) if view and view.get("worlds") else None
+    except ValueError:
+        status = None
+    tables = {entry.name: entry for entry in entries}
+    if status is None:
+        return None
+    pods_seen = list(pods)
+    records: dict[str, PodRecord] = {}
+    spares: dict[str, str] = {}  # member pod -> the spare that plays it
+    for pod in pods_seen:
+        seen = pod.observation
+        if seen is None:
+            continue
+        if pod.plays:  # a warm spare's stamp is the epochs it was given a member pod at
+            spares[pod.plays] = pod.name
+            created_for = {e.name: e.instances.get(pod.name, e.epoch) for e in tables.values() if pod.name in e.pods}
+            records[pod.plays] = PodRecord(created_for=created_for, observed=True, spare=pod.name)
+        elif seen.created_for:
+            records[pod.name] = PodRecord(created_for=dict(seen.created_for), observed=True)
+    worlds: dict[str, WorldStatus] = {}
+    for name, world in status.worlds.items():
+        entry = tables.get(name)
+        epochs = [world.epoch, *(r.created_for[name] for r in records.values() if name in r.created_for)]
+        update: dict[str, Any] = {"epoch": max(epochs if entry is None else [*epochs, entry.epoch])}
+        if entry is not None:
+            update.update(pods=[entry.plays.get(pod, pod) for pod in entry.pods], backend=entry.backend)
+        if world.last_failure is not None and world.restarts:
+            update.update(recent_restarts=[world.last_failure.time], earlier_restarts=[])
+        worlds[name] = world.model_copy(update=update)
+    table = WorldTable(worlds=[tables[n] for n in worlds if n in tables])
+    serials = [_spare_serial(pod.name) for pod in pods_seen if SPARE_MARK in pod.name]
+    return status.model_copy(
+        update={
+            "worlds": worlds,
+            "pods": records,
+            "table": table,
+            "played_by": dict(spares),
+            "spare_serial": max((s + 1 for s in serials if s is not None), default=0),
+        }
+    )
+
+
+SPARE_MARK = "-spare-"
+
+
+def _spare_serial(name: str) -> int | None:
+    """The serial of a warm spare named by spec.spare_name (its letters read back)."""
+    letters = name.rsplit(SPARE_MARK, 1)[-1]
+    if not letters or not all("a" <= ch <= "z" for ch in letters):
+        return None
+    value = 0
+    for ch in letters:
+        value = value * 26 + ord(ch) - ord("a") + 1
+    return value - 1

@@ -3,7 +3,8 @@ names them), and the writes that turn the published entries into the planner's t
 
 Per world, not one object for all: a world's failure rewrites that world's ConfigMap only, and
 each worker watches the ConfigMaps labelled with its own pod, so it receives its own worlds'
-entries and nothing of anyone else's.
+entries and nothing of anyone else's. The operator watches them (NAME_LABEL and WORLD_LABEL: the
+memory has neither), to write again one deleted or edited.
 """
 
 from __future__ import annotations

@@ -1,0 +1,139 @@
+"""The memory's encoding read back defensively (issue 21 item 6, pure): whatever the memory
+ConfigMap holds, reading it either gives the memory or raises CorruptMemory saying what is
+wrong, within a bounded amount of memory; and a lost memory is rebuilt from the cluster."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import tracemalloc
+from typing import Any
+
+import pytest
+
+from multiworld.contract import WorldEntry
+from multiworld_operator.kube.bodies import MEMORY_LABEL
+from multiworld_operator.kube.observe import see_pod
+from multiworld_operator.kube.planner_memory import (
+    MAX_MEMORY_BYTES,
+    MEMORY_KEY,
+    CorruptMemory,
+    loaded_status,
+    memory_body,
+    read_memory,
+    rebuilt_memory,
+)
+
+OWNER = "uid-1"
+
+
+def holding(packed: bytes | str) -> dict[str, Any]:
+    text = packed if isinstance(packed, str) else base64.b64encode(packed).decode()
+    return {"metadata": {"name": "mw"}, "binaryData": {MEMORY_KEY: text}}
+
+
+@pytest.mark.parametrize(
+    ("packed", "says"),
+    [
+        ("not base64!", "not base64"),
+        (json.dumps({"worlds": {}}).encode(), "not gzip"),
+        (gzip.compress(b"{not json"), "not JSON"),
+        (gzip.compress(b"[1, 2]"), "not an object"),
+        (gzip.compress(b'{"worlds": {}}')[:-12], "cut short"),
+    ],
+    ids=["base64", "plain-json", "json", "a-list", "truncated"],
+)
+def test_a_corrupt_memory_says_what_is_wrong(packed: bytes | str, says: str) -> None:
+    with pytest.raises(CorruptMemory, match=says):
+        read_memory(holding(packed))
+
+
+def test_a_gzip_bomb_is_stopped_at_the_bound() -> None:
+    bomb = gzip.compress(b" " * (2 * MAX_MEMORY_BYTES), compresslevel=9)
+    assert len(bomb) < 1024 * 1024  # it fits in a ConfigMap
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptMemory, match="larger than"):
+            read_memory(holding(bomb))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * MAX_MEMORY_BYTES
+
+
+def test_a_memory_that_is_no_status_is_corrupt() -> None:
+    with pytest.raises(CorruptMemory, match="not the planner's status"):
+        loaded_status({"worlds": {"w": {"epoch": "many"}}})
+
+
+def test_the_memory_is_labelled_apart_from_the_world_table() -> None:
+    body = memory_body({"metadata": {"name": "mw", "uid": OWNER}}, {"worlds": {}})
+    assert body["metadata"]["labels"] == {MEMORY_LABEL: "mw"}
+
+
+def _pod(name: str, created_for: dict[str, int] | None, **labels: str) -> dict[str, Any]:
+    annotations = {} if created_for is None else {"multiworld.io/created-for": json.dumps(created_for)}
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"u-{name}",
+            "labels": {"multiworld.io/name": "mw", **labels},
+            "annotations": annotations,
+            "ownerReferences": [{"uid": OWNER, "controller": True, "kind": "MultiWorld", "name": "mw"}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def test_a_lost_memory_is_rebuilt_from_the_pods_the_table_and_the_view() -> None:
+    """Each pod gets its record (a spare that plays a member pod, under that pod), each world its
+    rank list and backend from the table, the highest epoch anything shows, and its restarts;
+    the next spare serial follows the spares found."""
+    view = {
+        "phase": "Running",
+        "restarts": 3,
+        "worlds": {
+            "wa": {
+                "phase": "Running",
+                "epoch": 3,
+                "size": 2,
+                "restarts": 3,
+                "lastFailure": {
+                    "time": "2026-01-01T00:00:00Z",
+                    "reason": "PodFailed",
+                    "pod": "mw-a-0",
+                    "rank": 1,
+                    "epoch": 2,
+                },
+            },
+            "wb": {"phase": "Running", "epoch": 1, "size": 2},
+        },
+    }
+    pods = [
+        see_pod(_pod("mw-leader-0", {"wa": 1, "wb": 1}, **{"multiworld.io/member": "leader"}), OWNER),
+        see_pod(_pod("mw-b-0", {"wb": 2}, **{"multiworld.io/member": "b"}), OWNER),
+        see_pod(_pod("mw-a-spare-c", {}, **{"multiworld.io/spare": "true", "multiworld.io/plays": "mw-a-0"}), OWNER),
+    ]
+    entries = [
+        WorldEntry(
+            name="wa",
+            epoch=3,
+            host="h",
+            port=1,
+            pods=["mw-leader-0", "mw-a-spare-c"],
+            plays={"mw-a-spare-c": "mw-a-0"},
+            instances={"mw-a-spare-c": 3},
+        ),
+    ]
+    status = rebuilt_memory(view, pods, entries)
+    assert status is not None
+    assert status.pods["mw-leader-0"].created_for == {"wa": 1, "wb": 1}
+    assert status.pods["mw-a-0"].spare == "mw-a-spare-c" and status.pods["mw-a-0"].created_for == {"wa": 3}
+    assert all(record.observed for record in status.pods.values())
+    assert status.worlds["wa"].pods == ["mw-leader-0", "mw-a-0"] and status.worlds["wa"].epoch == 3
+    assert status.worlds["wb"].epoch == 2 and status.worlds["wb"].pods == []  # no table: a new epoch will form
+    assert status.worlds["wa"].restarts == 3 and len(status.worlds["wa"].recent_restarts) == 1
+    assert status.played_by == {"mw-a-0": "mw-a-spare-c"}
+    assert status.spare_serial == 3  # "c" is serial 2
+    assert rebuilt_memory(None, pods, entries) is None
