@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, TypeVar, cast
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -27,15 +27,34 @@ T = TypeVar("T")
 CONCURRENCY = 8
 
 
-async def gather_bounded(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """Await `calls`, at most CONCURRENCY at a time; their results in order."""
+class _NotStarted(Exception):
+    """A call of a batch left unstarted because another call of the batch failed."""
+
+
+async def gather_bounded(calls: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Await `calls`, at most CONCURRENCY at a time; their results in order. When one fails, no
+    further call starts and the ones in flight are awaited before its error is raised, so no
+    request of a failed step lands during the next one."""
     gate = asyncio.Semaphore(CONCURRENCY)
+    failed = False
 
-    async def gated(call: Awaitable[T]) -> T:
+    async def gated(call: Coroutine[Any, Any, T]) -> T:
+        nonlocal failed
         async with gate:
-            return await call
+            if failed:
+                call.close()
+                raise _NotStarted
+            try:
+                return await call
+            except Exception:
+                failed = True
+                raise
 
-    return list(await asyncio.gather(*(gated(c) for c in calls)))
+    results = await asyncio.gather(*(gated(c) for c in calls), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, _NotStarted):
+            raise result
+    return cast("list[T]", results)
 
 
 class KubeApi:
@@ -65,28 +84,32 @@ class KubeApi:
         return await self._read(self.core.read_namespaced_config_map, namespace, name)
 
     async def write_configmap(self, namespace: str, body: dict[str, Any], version: str | None) -> str | None:
-        """Replace the ConfigMap (at resourceVersion `version`, when the caller knows the one it
-        last wrote), or create it. Returns its new resourceVersion; None when the name is taken
-        by a ConfigMap the body's owner does not control (left alone)."""
+        """Replace the ConfigMap at resourceVersion `version` (the one the caller last wrote or
+        read), or create it (`version` None, or it was deleted meanwhile). Returns its new
+        resourceVersion; None when the name is taken by a ConfigMap the body's owner does not
+        control (left alone). Never overwrites what it has not seen: a ConfigMap written (or
+        created) meanwhile by someone else is a 409, raised for the caller to read it again."""
         name = body["metadata"]["name"]
-        while True:
-            if version is not None:
-                replaced = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
-                try:
-                    written = await self._call(self.core.replace_namespaced_config_map, name, namespace, replaced)
-                    return str(written["metadata"]["resourceVersion"])
-                except ApiException as error:
-                    if error.status not in (404, 409):
-                        raise
+        if version is not None:
+            replaced = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
+            try:
+                written = await self._call(self.core.replace_namespaced_config_map, name, namespace, replaced)
+                return str(written["metadata"]["resourceVersion"])
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+        try:
+            created = await self._call(self.core.create_namespaced_config_map, namespace, body)
+        except ApiException as error:
+            if error.status != 409:
+                raise
             found = await self._read(self.core.read_namespaced_config_map, namespace, name)
-            if found is None:
-                created = await self._create(self.core.create_namespaced_config_map, namespace, body)
-                if created is not None:
-                    return str(created["metadata"]["resourceVersion"])
-                continue  # created meanwhile: read it
-            if not ObjectMeta.model_validate(found["metadata"]).owned_by(body["metadata"]["ownerReferences"][0]["uid"]):
+            if found is not None and not ObjectMeta.model_validate(found["metadata"]).owned_by(
+                body["metadata"]["ownerReferences"][0]["uid"]
+            ):
                 return None
-            version = str(found["metadata"]["resourceVersion"])
+            raise
+        return str(created["metadata"]["resourceVersion"])
 
     async def delete_configmap(self, namespace: str, name: str) -> None:
         try:

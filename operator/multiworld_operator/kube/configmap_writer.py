@@ -1,6 +1,8 @@
 """Writes one MultiWorld's ConfigMaps (the planner's memory, the world table's entries), each
 replaced at the resourceVersion this operator last wrote or read, so a write never needs a read
-first while nobody else touched the ConfigMap."""
+first while nobody else touched the ConfigMap, and never overwrites what someone else wrote
+meanwhile: the 409 ends the step, whose reconciler reads the ConfigMaps again before it plans
+again."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ class ConfigMapWriter:
         self._versions[name] = version
 
     async def write(self, body: dict[str, Any]) -> bool:
-        """Create or replace the ConfigMap; False when its name is taken by one not ours (left alone)."""
+        """Create or replace the ConfigMap; False when its name is taken by one not ours (left
+        alone). An ApiException 409 when it was written (or created) meanwhile by someone else."""
         name = body["metadata"]["name"]
         version = await self.api.write_configmap(self.namespace, body, self._versions.get(name))
         if version is None:

@@ -4,6 +4,8 @@ Each loop runs its Reconciler's steps one at a time (that is the per-MultiWorld 
 steps of one MultiWorld never overlap), and waits between steps for a wake-up (its MultiWorld,
 one of its pods or its Service changed), for the planner's `requeue_after`, after an error for
 a growing backoff, or at the latest for a periodic resync that makes up for any missed event.
+Every failed step shows on its MultiWorld (Reconciler.report_error: the Reconciled condition,
+and a Warning Event when the failure is new), not only in this log.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from kubernetes.client.rest import ApiException
 from multiworld.kube_api import Backoff, api_message
 
 from .api import KubeApi
-from .errors import CreateRefused, MultiWorldGone
+from .errors import CreateRefused, MultiWorldGone, StepFailed
 from .reconcile import Reconciler
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,9 @@ class ReconcileLoop:
             except MultiWorldGone:
                 log.info("%s/%s: gone; reconcile loop ends", *self.key)
                 return
-            except (ApiException, CreateRefused, OSError) as error:
+            except (ApiException, CreateRefused, StepFailed, OSError) as error:
                 wait = self._backoff(error)
-                if isinstance(error, CreateRefused):
-                    await self._report(error)
+                await self._report(error)
             except Exception as error:  # a bug must not end the loop of this MultiWorld for good
                 log.exception("%s/%s: reconcile step failed", *self.key)
                 wait = self._backoff(None)

@@ -3,16 +3,21 @@
 Level-based and idempotent: every step plans from the pods as they are (a cache kept current by
 the pod watch, listed afresh now and then: pod_cache.py) and from the planner's memory, so a
 step repeated, interrupted or run by a freshly restarted operator converges to the same pods.
-Execution follows the planner's order: deletes (pods go at once, so a plan that deleted is
-followed by a plan from its status that replaces them, in the same step); the memory (the
-ConfigMap named like the MultiWorld: memory_store.py); the live table (one ConfigMap per world
-that changed: table_publisher.py); creates; the labels of warm spares given a member pod to play
-(their workers learn it from the table); the CR's status (the view kubectl shows, written after
-the creates: on a MultiWorld of thousands of worlds the API server takes a moment over it:
-status_writer.py); Events (events.py). The Service and the NetworkPolicy (networking.py) are
-made to exist before any of it.
-The memory goes before the table and the creates, so a crash in between leaves the new epoch
-and pod stamps stored, and the next step only publishes and creates what is still missing.
+The planner runs in a worker thread (one MultiWorld's plan never holds up another's loop). A
+plan that deletes pods is followed by a plan from its status that sees them gone (they are
+deleted at once), so their replacements go out in the same step. Execution then follows the
+planner's order, with the memory first: the memory (the ConfigMap named like the MultiWorld:
+memory_store.py), which accounts for every delete and create below; deletes; the live table (one
+ConfigMap per world that changed: table_publisher.py); creates; the labels of warm spares given
+a member pod to play (their workers learn it from the table); the CR's status (the view kubectl
+shows, written after the creates: on a MultiWorld of thousands of worlds the API server takes a
+moment over it: status_writer.py); Events (events.py). The Service and the NetworkPolicy
+(networking.py) are made to exist before any of it.
+A crash (or a refused write) anywhere leaves the memory stored before what it speaks of: nothing
+is deleted that it does not account for, and the next step only deletes, publishes and creates
+what is still missing. A failed API call ends the step with a StepFailed that says what failed
+(errors.py), which the loop shows and retries (controller.py); a 409 (someone else wrote one of
+our ConfigMaps) makes the next step read the memory and the table again.
 
 API writes for one world failure: that world's pods (deletes and creates), its ConfigMap, the
 memory, one status patch and its Events; nothing scales with the number of other worlds.
@@ -20,32 +25,44 @@ memory, one status patch and its Events; nothing scales with the number of other
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from kubernetes.client.rest import ApiException
 
 from multiworld.kube_api import api_message
 
-from ..planner import CreatePod, MultiWorldStatus, Observation, Plan, plan
+from ..planner import CreatePod, EmitEvent, MultiWorldStatus, Observation, Plan, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
 from .api import KubeApi, gather_bounded
 from .bodies import plays_labels, pod_body, rendezvous_host, selector
 from .configmap_writer import ConfigMapWriter
-from .errors import CreateRefused, not_ours, step_failure
+from .errors import CreateRefused, StepFailed, failing_as, not_ours, step_failure
 from .events import MultiWorldEvents
 from .memory_store import PlannerMemoryStore
 from .networking import Networking
-from .observe import ObservedPods, observe_pods
+from .observe import ObservedPods, SeenPod, observe_pods
 from .pod_cache import PodCache
 from .ports import world_ports
-from .refusal import CREATE_REFUSED, INVALID_SPEC, RECONCILE_ERROR
+from .refusal import CREATE_REFUSED, INVALID_SPEC
 from .status_writer import StatusWriter
 from .table_publisher import TablePublisher
 
 log = logging.getLogger(__name__)
+
+
+class Planned(NamedTuple):
+    """A step's plan: the last one, the pods it saw, the pods to delete (name -> uid) and the
+    Events of every plan."""
+
+    result: Plan
+    seen: ObservedPods
+    deletes: dict[str, str]
+    events: list[EmitEvent]
+
 
 # Plans per step: a plan that deleted pods is followed by one that replaces them.
 REPLANS = 3
@@ -67,11 +84,8 @@ class Reconciler:
         """Forget what was known of an earlier MultiWorld of this name."""
         namespace, name, uid = self.namespace, self.name, self.uid
         self.pods = PodCache(uid)
-        configmaps = ConfigMapWriter(self.api, namespace)
-        self.memory = PlannerMemoryStore(self.api, namespace, name, uid, configmaps)
-        self.table = TablePublisher(self.api, namespace, name, uid, configmaps)
-        # The memory and the table as published are read once (see _load).
-        self.loaded = False
+        # The memory and the table as published, read once (see _load).
+        self._read_again()
         self.status = StatusWriter(self.api, namespace, name, self.body.get("status"))
         self.networking = Networking(self.api, namespace, name, uid)
         self.events = MultiWorldEvents(self.api, self.body)
@@ -122,6 +136,14 @@ class Reconciler:
 
     async def step(self) -> float | None:
         """Reconcile once; returns seconds until the planner wants another look, if it does."""
+        try:
+            return await self._step()
+        except StepFailed as error:
+            if error.conflict:
+                self._read_again()
+            raise
+
+    async def _step(self) -> float | None:
         if self.deleting:
             return None
         body = self.body
@@ -130,36 +152,74 @@ class Reconciler:
         except SpecError as error:
             await self._refuse(body, error.problems)
             return None
-        await self._load()
+        with failing_as("reading the operator's memory and the world table"):
+            await self._load()
         if self.pods.stale():
-            self.pods.listed(*await self.api.list_pods(self.namespace, selector(self.name)))
-        taken = await self.networking.ensure_service(body)
-        if taken:
-            await self._refused([taken])
-        taken = await self.networking.ensure_network_policy(body, multiworld)
-        if taken:
-            await self._refused([taken])
-        previous, events = self.memory.remembered, []
-        for _ in range(REPLANS):
-            seen = observe_pods(self.pods.pods())
-            result = self._plan(multiworld, previous, seen)
-            events += result.events
-            if not await self._delete_pods(result, seen):
-                break
-            # Pods are deleted at once: plan again from that plan's status, so that their
-            # replacements are created in this step rather than on the next watch event.
-            previous = result.status
-        refused = await self.memory.remember(body, result.status)
+            with failing_as("listing the pods"):
+                self.pods.listed(*await self.api.list_pods(self.namespace, selector(self.name)))
+        with failing_as("making the Service and the NetworkPolicy"):
+            taken = await self.networking.ensure_service(body)
+            if taken:
+                await self._refused([taken])
+            taken = await self.networking.ensure_network_policy(body, multiworld)
+            if taken:
+                await self._refused([taken])
+        # The planner runs off the event loop: a MultiWorld of thousands of pods plans for a
+        # while, and every other MultiWorld's loop goes on meanwhile.
+        planned = await asyncio.to_thread(self._plan_step, multiworld, self.memory.remembered, self.pods.pods())
+        result, seen = planned.result, planned.seen
+        with failing_as(f"storing the operator's memory (ConfigMap {self.name})"):
+            refused = await self.memory.remember(body, result.status)
         if refused:
             await self._refused([refused])  # nothing goes out before the memory
-        failures = await self.table.publish(body, result.table)
-        failures += [f for f in await gather_bounded(self._create(body, c, seen) for c in result.creates) if f]
-        await self._label_spares(multiworld, result.status)
-        await self.status.show(result.status)
-        await gather_bounded(self.events.post(e.type, e.reason, e.message) for e in events)
+        with failing_as("deleting pods"):
+            await gather_bounded(self._delete_pod(pod, uid) for pod, uid in planned.deletes.items())
+        with failing_as("writing the world table"):
+            failures = await self.table.publish(body, result.table)
+        with failing_as("creating pods"):
+            failures += [f for f in await gather_bounded(self._create(body, c, seen) for c in result.creates) if f]
+        with failing_as("labelling warm spares"):
+            await self._label_spares(multiworld, result.status)
+        with failing_as("writing the status"):
+            await self.status.show(result.status)
+        await gather_bounded(self.events.post(e.type, e.reason, e.message) for e in planned.events)
         if failures:
             await self._refused(failures)
         return result.requeue_after
+
+    def _plan_step(self, multiworld: MultiWorld, previous: MultiWorldStatus | None, pods: list[SeenPod]) -> Planned:
+        """The step's plan, in a worker thread (pure: it only reads its arguments). A plan that
+        deletes pods is followed by one from its status that sees them gone, so that their
+        replacements are created in this step rather than on the next watch event; the last
+        plan's status (the memory, stored before any delete) accounts for every delete."""
+        deletes: dict[str, str] = {}
+        events: list[EmitEvent] = []
+        for _ in range(REPLANS):
+            seen = observe_pods(pods)
+            result = self._plan(multiworld, previous, seen)
+            events += result.events
+            batch = {
+                d.pod: seen.present[d.pod]
+                for d in result.deletes
+                if d.pod in seen.present and d.pod not in seen.terminating and d.pod not in deletes
+            }
+            if not batch:
+                break
+            for delete in result.deletes:
+                if delete.pod in batch:
+                    log.info("%s/%s: deleting pod %s (%s)", self.namespace, self.name, delete.pod, delete.reason)
+            deletes.update(batch)
+            pods = [pod for pod in pods if pod.name not in batch]  # deleted at once (below)
+            previous = result.status
+        return Planned(result, seen, deletes, events)
+
+    def _read_again(self) -> None:
+        """Someone else wrote one of this MultiWorld's ConfigMaps meanwhile: forget what was
+        written, so the next step reads the memory and the table again and plans from them."""
+        configmaps = ConfigMapWriter(self.api, self.namespace)
+        self.memory = PlannerMemoryStore(self.api, self.namespace, self.name, self.uid, configmaps)
+        self.table = TablePublisher(self.api, self.namespace, self.name, self.uid, configmaps)
+        self.loaded = False
 
     async def _load(self) -> None:
         """Once: the memory and the table's entries as published."""
@@ -177,16 +237,6 @@ class Reconciler:
             Observation(now=datetime.now(UTC), pods=seen.pods, reports=seen.reports),
             endpoint=lambda world, rank0: (rendezvous_host(self.name, rank0), ports[world]),
         )
-
-    async def _delete_pods(self, result: Plan, seen: ObservedPods) -> bool:
-        """The plan's deletes; whether any pod was deleted."""
-        deleted = False
-        for delete in result.deletes:
-            uid = seen.present.get(delete.pod)
-            if uid is not None and delete.pod not in seen.terminating:
-                log.info("%s/%s: deleting pod %s (%s)", self.namespace, self.name, delete.pod, delete.reason)
-                deleted = await self._delete_pod(delete.pod, uid) or deleted
-        return deleted
 
     async def _delete_pod(self, pod: str, uid: str) -> bool:
         """Delete that instance; whether it was there to delete (its replacement may follow)."""
@@ -239,13 +289,14 @@ class Reconciler:
             await self.events.post("Warning", INVALID_SPEC, message)
 
     async def report_error(self, error: Exception) -> None:
-        """A failed step shows in the status (and, when unexpected, as an Event; refused creates
-        have theirs already), once per distinct message, not only in the operator's log."""
+        """A failed step shows in the status (the condition Reconciled False) and as one Warning
+        Event (refused creates have theirs already), once per distinct message rather than once
+        per retry, not only in the operator's log."""
         reason, message = step_failure(error)
-        await self.status.show_error(reason, message)  # a failed step may have stored the planner's status first
-        if reason == RECONCILE_ERROR and message != self.failing_with:
-            await self.events.post("Warning", RECONCILE_ERROR, message)
+        if reason != CREATE_REFUSED and message != self.failing_with:
+            await self.events.post("Warning", reason, message)
         self.failing_with = message
+        await self.status.show_error(reason, message)  # a failed step may have stored the planner's status first
 
     async def _refused(self, failures: list[str]) -> NoReturn:
         """Creates the API refused (a template Kubernetes rejects, a quota, RBAC) or names taken

@@ -7,8 +7,11 @@ they were. Either way the condition `SpecValid` says what is wrong, naming each 
 
 A failed reconcile step (retried with a backoff) shows as the condition `Reconciled` False:
 reason CreateRefused when the API refused a create or the name is taken by an object that is
-not this MultiWorld's, ReconcileError for an unexpected error; the next successful step's
-status drops it.
+not this MultiWorld's, ApiError when another API call failed (a ConfigMap quota, an object over
+the API server's size limit, a timeout: the message says which write), Conflict when an object
+of this MultiWorld was written meanwhile by someone else (it is read again and the next step
+plans from it), ReconcileError for an unexpected error; the next successful step's status drops
+it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ INVALID_SPEC = "InvalidSpec"
 RECONCILED = "Reconciled"
 RECONCILE_ERROR = "ReconcileError"
 CREATE_REFUSED = "CreateRefused"
+API_ERROR = "ApiError"
+CONFLICT = "Conflict"
 
 
 def refusal_patch(
