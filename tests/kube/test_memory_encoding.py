@@ -45,8 +45,9 @@ def holding(packed: bytes | str) -> dict[str, Any]:
     ids=["base64", "plain-json", "json", "a-list", "truncated"],
 )
 def test_a_corrupt_memory_says_what_is_wrong(packed: bytes | str, says: str) -> None:
-    with pytest.raises(CorruptMemory, match=says):
+    with pytest.raises(CorruptMemory, match=says) as raised:
         read_memory(holding(packed))
+    assert str(raised.value).count(MEMORY_KEY) == 1  # said once, not wrapped in a second fault
 
 
 def test_a_gzip_bomb_is_stopped_at_the_bound() -> None:

@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager
 from typing import Any, cast
 
 import pytest
+from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
 from operator_support import (
     Kubelet,
@@ -119,7 +120,12 @@ def _gzip_bomb(kube: KubeNamespace) -> None:
 
 def _stored_memory(kube: KubeNamespace) -> dict[str, Any] | None:
     """The memory as the operator stores it (labelled as the memory only), once it is again."""
-    found: Any = kube.core.read_namespaced_config_map("mw", kube.namespace)
+    try:
+        found: Any = kube.core.read_namespaced_config_map("mw", kube.namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None  # not written yet
+        raise
     if found.metadata.labels != {"multiworld.io/memory-of": "mw"}:
         return None
     try:

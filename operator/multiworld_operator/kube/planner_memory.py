@@ -69,8 +69,9 @@ def read_memory(configmap: Mapping[str, Any]) -> dict[str, Any] | None:
         compressed = base64.b64decode(packed, validate=True)
     except (binascii.Error, ValueError) as error:
         raise CorruptMemory(f"{MEMORY_KEY} is not base64: {error}") from None
+    raw = _gunzip(compressed)
     try:
-        memory = json.loads(_gunzip(compressed))
+        memory = json.loads(raw)
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CorruptMemory(f"{MEMORY_KEY} is not JSON: {error}") from None
     if not isinstance(memory, dict):
