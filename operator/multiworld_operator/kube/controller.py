@@ -113,6 +113,11 @@ class Controller:
         if loop is not None and loop.reconciler.pod_changed(deleted, pod):
             loop.poke()
 
+    def table_changed(self, namespace: str, multiworld: str, deleted: bool, configmap: Mapping[str, Any]) -> None:
+        loop = self.loops.get((namespace, multiworld))
+        if loop is not None and loop.reconciler.table_changed(deleted, configmap):
+            loop.poke()
+
     def service_deleted(self, namespace: str, multiworld: str) -> None:
         loop = self.loops.get((namespace, multiworld))
         if loop is not None:

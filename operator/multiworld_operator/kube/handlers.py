@@ -98,6 +98,4 @@ async def table_event(
     """A world table ConfigMap changed: its MultiWorld's loop is woken when it no longer holds
     what the operator published (TablePublisher.changed tells)."""
     assert namespace is not None  # configmaps are namespaced
-    loop = memo.controller.loops.get((namespace, labels[NAME_LABEL]))
-    if loop is not None and loop.reconciler.table.changed(event["type"] == "DELETED", event["object"]):
-        loop.poke()
+    memo.controller.table_changed(namespace, labels[NAME_LABEL], event["type"] == "DELETED", event["object"])

@@ -119,6 +119,11 @@ class Reconciler:
         """A pod of this MultiWorld as the watch reported it; True when it is news."""
         return self.pods.changed(deleted, pod)
 
+    def table_changed(self, deleted: bool, configmap: Mapping[str, Any]) -> bool:
+        """A world table ConfigMap changed: True when it no longer holds what was published (the
+        next step writes it again)."""
+        return self.table.changed(deleted, configmap)
+
     def service_deleted(self) -> None:
         """The MultiWorld's Service went: the next step creates it again."""
         self.networking.service_deleted()
