@@ -1,7 +1,8 @@
 """The caps of the spec (spec.py) against the limits they follow from: the largest spec they
 admit is accepted and everything written for it fits its limit, with names of 63 characters;
 one past any cap is refused, naming its field. The figures come from the real code
-(spec.limits_support: the planner, the operator's bodies, the worker's annotations)."""
+(spec.limits_support: the planner, the operator's bodies, the worker's annotations). The time and
+memory of planning it are a benchmark's targets (`bench/scale.py --largest`), not a test's."""
 
 from __future__ import annotations
 
@@ -16,16 +17,13 @@ from spec.limits_support import (
     CONFIGMAP_LIMIT,
     ENV_STRING_LIMIT,
     OBJECT_LIMIT,
-    PLAN_LIMIT_S,
     STATUS_ROOM,
     Largest,
     annotations_bytes,
-    chart_memory_limit_mib,
     env_string,
     exec_string_limit,
     largest_manifest,
     measure_largest,
-    operator_rss_mib,
     pod_annotations,
     world_configmap,
 )
@@ -94,14 +92,6 @@ def test_what_the_operator_writes_for_the_largest_spec_fits(largest: Largest) ->
 def test_a_world_of_every_rank_fits_its_configmap() -> None:
     body, data = world_configmap(MAX_RANKS)
     assert data <= MARGIN * CONFIGMAP_LIMIT and body <= MARGIN * OBJECT_LIMIT, (body, data)
-
-
-def test_the_largest_spec_plans_in_time_and_memory(largest: Largest) -> None:
-    # CPU time: the wall clock of a shared test machine says more about its load.
-    assert largest.plan_first.cpu_s < PLAN_LIMIT_S, largest.plan_first
-    assert largest.plan_failure.cpu_s < PLAN_LIMIT_S, largest.plan_failure
-    rss = operator_rss_mib()
-    assert rss <= MARGIN * chart_memory_limit_mib(), rss
 
 
 def _more_ranks(data: dict[str, Any]) -> None:
