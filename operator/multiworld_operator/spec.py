@@ -94,10 +94,15 @@ MAX_WORLDS_PER_POD = 200
 #   waits), as the caps below assume it; the reasons of workers' reports are taken at this
 #   length too.
 MAX_MESSAGE = 128
+# - A world's last failure quotes the failed pod's termination message, whose opening says what
+#   went wrong and how to fix it: room for the longest the worker writes itself (a refused
+#   permission and its fix) after the pod's name and rank.
+MAX_FAILURE_MESSAGE = 384
 # - Worlds and ranks: a MultiWorld's spec, metadata and status are one object, which etcd caps
-#   at 1.5 MiB. The status at its largest (every world with a failure, every rank waiting, each
-#   with a message of MAX_MESSAGE characters) grows with the worlds and with the ranks; it must
-#   fit beside a spec of MAX_SPEC_BYTES and 256 KiB of annotations, with a fifth to spare.
+#   at 1.5 MiB. The status at its largest (every world with a failure of MAX_FAILURE_MESSAGE
+#   characters, every rank waiting with a reason of MAX_MESSAGE) grows with the worlds and with
+#   the ranks; it must fit beside a spec of MAX_SPEC_BYTES and 256 KiB of annotations, with a
+#   fifth to spare.
 MAX_WORLDS = 512
 MAX_RANKS = 2048
 # - Pods (replicas and warm spares of every member): one plan of the largest spec must take

@@ -17,7 +17,7 @@ from multiworld_operator.planner import (
     plan,
 )
 from multiworld_operator.planner.status import CUT_MARK
-from multiworld_operator.spec import MAX_MESSAGE, MultiWorld
+from multiworld_operator.spec import MAX_FAILURE_MESSAGE, MAX_MESSAGE, MultiWorld
 
 LEADER, W1_0, W1_1, W2_0 = "mw-leader-0", "mw-w1-0", "mw-w1-1", "mw-w2-0"
 
@@ -288,7 +288,7 @@ def test_messages_the_status_keeps_are_cut_to_the_length_the_caps_assume() -> No
     result = sim.step()
     for world in ("world1", "world2"):
         failure = result.status.worlds[world].last_failure
-        assert failure is not None and len(failure.message) == MAX_MESSAGE, failure
+        assert failure is not None and len(failure.message) == MAX_FAILURE_MESSAGE, failure
         assert failure.message.endswith(CUT_MARK) and "xxx" in failure.message
     sim.pods[W1_1] = sim.pods[W1_1].model_copy(update={"phase": "Pending", "joined": None, "waiting": long})
     waiting = sim.step().status.worlds["world1"].waiting[W1_1]
@@ -298,7 +298,7 @@ def test_messages_the_status_keeps_are_cut_to_the_length_the_caps_assume() -> No
     loaded = MultiWorldStatus.from_dict(stored)
     assert loaded is not None
     restored = loaded.worlds["world1"].last_failure
-    assert restored is not None and len(restored.message) == MAX_MESSAGE
+    assert restored is not None and len(restored.message) == MAX_FAILURE_MESSAGE
 
 
 def test_a_join_timeout_while_every_rank_ran_is_a_failure() -> None:

@@ -83,6 +83,8 @@ WHEN = datetime(2024, 5, 1, 12, 0, 0, 999_999, tzinfo=UTC)
 # The reason of a worker's report, taken at MAX_MESSAGE characters as spec.py's caps assume
 # (the worker does not cut it: a join that failed quotes its exception whole).
 REASON = MAX_MESSAGE
+# The longest termination message the kubelet keeps: the status cuts a failure's quote of it.
+TERMINATION_MESSAGE = 4096
 # A name of each kind at its longest; the MultiWorld's is as long as a pod name of a
 # one-letter member with ordinal 0 allows (the host a worker rendezvouses with is
 # `<rank-0 pod>.<MultiWorld>`).
@@ -313,12 +315,12 @@ def traced(call: Callable[[], Plan]) -> tuple[Plan, float]:
 def two_plans(platform: Platform, measure: Callable[[Callable[[], Plan]], tuple[Plan, M]]) -> Iterator[tuple[Plan, M]]:
     """The two plan() calls that matter, each made by `measure`, with what it says of it: the
     first observation (nothing exists yet), then, once every pod runs, the failure of the pod
-    in most worlds (a termination message of MAX_MESSAGE characters). Each plan is applied."""
+    in most worlds (a termination message of TERMINATION_MESSAGE characters). Each plan is applied."""
     first = measure(platform.plan)
     yield first
     platform.execute(first[0])
     platform.settle()
-    platform.fail_with([hub_of(platform.mw)], "f" * MAX_MESSAGE)
+    platform.fail_with([hub_of(platform.mw)], "f" * TERMINATION_MESSAGE)
     failure = measure(platform.plan)
     yield failure
     platform.execute(failure[0])
@@ -360,8 +362,8 @@ class Largest:
 
 def measure_largest(manifest: dict[str, Any] | None = None) -> Largest:
     """The largest spec planned as the operator meets it (two_plans, each clocked), and then
-    the status at its largest: every pod failed with a termination message of MAX_MESSAGE
-    characters, every replacement waiting with a reason of as many."""
+    the status at its largest: every pod failed with a termination message of TERMINATION_MESSAGE
+    characters (cut by the status), every replacement waiting with a reason of MAX_MESSAGE."""
     data = manifest or largest_manifest()
     multiworld = parse_manifest(data)
     platform = Platform(multiworld)
@@ -369,7 +371,7 @@ def measure_largest(manifest: dict[str, Any] | None = None) -> Largest:
     hub = hub_of(multiworld)
     (hub_create,) = [c for c in first.creates if c.pod == hub]
     platform.settle()
-    platform.fail_with(list(platform.pods), "f" * MAX_MESSAGE)
+    platform.fail_with(list(platform.pods), "f" * TERMINATION_MESSAGE)
     platform.step()  # the failed pods go
     platform.step()  # their replacements come
     platform.waiting("w" * MAX_MESSAGE)

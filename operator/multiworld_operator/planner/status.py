@@ -21,7 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from multiworld.contract import Backend, WorldTable
 
-from ..spec import MAX_MESSAGE
+from ..spec import MAX_FAILURE_MESSAGE, MAX_MESSAGE
 
 WorldPhase = Literal["Pending", "Running", "Recovering", "Failed", "Succeeded", "Suspended"]
 Phase = Literal["Pending", "Running", "Degraded", "Recovering", "Failed", "Succeeded", "Suspended"]
@@ -47,6 +47,7 @@ def clipped(text: str, limit: int = MAX_MESSAGE) -> str:
 
 # Texts the status keeps per world or per pod, and per condition: cut when set or loaded.
 Message = Annotated[str, AfterValidator(clipped)]
+FailureMessage = Annotated[str, AfterValidator(lambda text: clipped(text, MAX_FAILURE_MESSAGE))]
 ConditionMessage = Annotated[str, AfterValidator(lambda text: clipped(text, MAX_CONDITION_MESSAGE))]
 
 
@@ -64,7 +65,7 @@ class Failure(_StatusModel):
     pod: str
     rank: int
     epoch: int
-    message: Message = ""
+    message: FailureMessage = ""
 
 
 class RestartSlot(_StatusModel):
