@@ -237,7 +237,9 @@ class KubeNamespace:
         return {n: p.metadata.uid for n, p in self.pods(name).items()}
 
     def events(self, name: str = "mw") -> list[client.CoreV1Event]:
-        return self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={name}").items
+        """The MultiWorld's own Events (its Service has the same name; the endpoint controllers post on that)."""
+        selector = f"involvedObject.name={name},involvedObject.kind=MultiWorld"
+        return self.core.list_namespaced_event(self.namespace, field_selector=selector).items
 
     def event_reasons(self, name: str = "mw") -> list[str]:
         return [e.reason for e in self.events(name)]
