@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from multiworld.kube_api import MERGE_PATCH
+from multiworld_operator.kube.api_basics import MERGE_PATCH
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, NAME_LABEL
 
 # Watches are renewed this often, so stopping never waits longer.

@@ -58,11 +58,11 @@ from typing import Any
 import _common as common
 from _operator_scene import GROUP, PLURAL, VERSION, Scene, fail_and_recover, scene, start, wait_for
 from kubernetes import client
+from multiworld.channels.kubernetes import KubernetesChannel
 from spec import limits_support as limits
 
-from multiworld.channels.kubernetes import KubernetesChannel
 from multiworld.contract import NAME_LABEL, WorldTable
-from multiworld_operator.spec import MAX_RANKS, MAX_WORLDS, MAX_WORLDS_PER_POD
+from multiworld_operator.spec import MAX_WORLDS, MAX_WORLDS_PER_POD
 
 LARGEST_STAR = min(MAX_WORLDS, MAX_WORLDS_PER_POD)
 SIZES = (2, 100, LARGEST_STAR)
@@ -314,9 +314,6 @@ def measure_largest() -> dict[str, Any]:
     figures = limits.measure_largest().as_dict()
     figures["plan_peak_mib"] = limits.plan_peak_mib()
     figures["operator_rss_mib"] = limits.operator_rss_mib()
-    every_rank, every_rank_data = limits.world_configmap(MAX_RANKS)
-    figures["every_rank_world_configmap_bytes"] = every_rank
-    figures["every_rank_world_configmap_data_bytes"] = every_rank_data
     return figures
 
 
@@ -327,14 +324,9 @@ def largest_rows(f: dict[str, Any]) -> tuple[list[str], list[common.Target]]:
         ("the CR's status after the first plan", f["status_first_bytes"], limits.STATUS_ROOM),
         ("the CR's status at its largest", f["status_worst_bytes"], limits.STATUS_ROOM),
         ("the planner's memory ConfigMap, data", f["memory_configmap_data_bytes"], limits.CONFIGMAP_LIMIT),
-        ("the largest world ConfigMap, data", f["world_configmap_data_bytes"], limits.CONFIGMAP_LIMIT),
-        (
-            f"a world of {MAX_RANKS} ranks: its ConfigMap, data",
-            f["every_rank_world_configmap_data_bytes"],
-            limits.CONFIGMAP_LIMIT,
-        ),
         ("MULTIWORLD_WORLDS of the pod in most worlds", f["env_string_bytes"], limits.ENV_STRING_LIMIT),
-        ("that pod's annotations at their largest", f["annotations_bytes"], limits.ANNOTATIONS_LIMIT),
+        ("that pod's annotations", f["annotations_bytes"], limits.ANNOTATIONS_LIMIT),
+        ("its worker's longest message to the operator", f["worker_line_bytes"], limits.MAX_LINE),
     ]
     body = [
         f"largest accepted spec (every cap of spec.py at once, names of 63 characters): {f['pods']} pods, "

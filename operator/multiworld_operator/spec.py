@@ -119,6 +119,13 @@ MAX_SPEC_BYTES = 256 * 1024
 #   MAX_PROBLEM_LENGTH characters: the condition SpecValid carries them in the status (Ready
 #   too, for a spec that never was valid), which shares the object with the largest spec.
 MAX_PROBLEMS = 32
+
+# The worlds' store ports (kube/ports.py, local/store_ports.py): below the kernel's ephemeral
+# ports (Linux: 32768+), so no socket gets one unasked (an outgoing connection, a listener on
+# port 0) while rank 0 does not serve it. A template may not declare one: the NetworkPolicy
+# opens declared ports to everyone, and these must stay open to the MultiWorld's pods only.
+PORT_BASE = 20000
+PORT_SPAN = 10000
 MAX_PROBLEM_LENGTH = 320
 # A warm spare is named `<mw>-<member>-spare-<serial in letters>`; its name must fit a label with
 # room for this many letters of serial (26**4 spares over a MultiWorld's life).
@@ -540,6 +547,7 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
         problems += _label_problems("metadata.name", mw_name, _DNS1035_LABEL, "a letter")
     spec = data.get("spec")
     problems += _spec_size_problems(spec)
+    problems += _store_port_problems(spec)
     replicas = _member_problems(spec, mw_name if isinstance(mw_name, str) else None, problems)
     worlds_of, ranks = _world_problems(spec, replicas, problems)
     reported: set[str] = set()
@@ -574,6 +582,28 @@ def _spec_size_problems(spec: object) -> list[str]:
         f"spec: {size} bytes as JSON; at most {MAX_SPEC_BYTES} (the status shares the object with it, "
         "and `kubectl apply` keeps a copy of it in an annotation)"
     ]
+
+
+def _store_port_problems(spec: object) -> list[str]:
+    """A container port the templates declare inside the store ports' range."""
+    templates = [("spec.template", _get(spec, "template"))]
+    templates += [(f"spec.members[{i}].template", member.get("template")) for i, member in _items(spec, "members")]
+    problems = []
+    for path, template in templates:
+        for c, container in enumerate(_list(_get(_get(template, "spec"), "containers"))):
+            for p, port in enumerate(_list(_get(container, "ports"))):
+                number = _get(port, "containerPort")
+                if isinstance(number, int) and PORT_BASE <= number < PORT_BASE + PORT_SPAN:
+                    problems.append(
+                        f"{path}.spec.containers[{c}].ports[{p}].containerPort: {number} is in "
+                        f"{PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}, the worlds' store ports (open only to the "
+                        "MultiWorld's own pods); declare another port"
+                    )
+    return problems
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _count(member: Mapping[str, Any], key: str, default: int) -> int:

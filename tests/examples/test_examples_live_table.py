@@ -26,7 +26,7 @@ from examples_harness import (
 )
 
 from multiworld.contract import BrokenWorldReport, WorldTable
-from multiworld_operator.local.channel_server import ChannelServer
+from multiworld_operator.channel_server import ChannelServer, local_url
 
 KILL_AFTER_STEP = 3
 
@@ -39,8 +39,8 @@ class Platform:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._server = ChannelServer(on_report=self.reports.append, on_status=lambda status: None)
-        self.url = asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(10)
+        self._server = ChannelServer(on_report=lambda _, report: self.reports.append(report), on_status=lambda _, s: None)
+        self.url = local_url(asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(10))
 
     def publish(self, table: WorldTable) -> None:
         self._loop.call_soon_threadsafe(self._server.publish, table)

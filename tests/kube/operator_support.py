@@ -25,9 +25,11 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config import kube_config
 from multiworld_test_cluster import Cluster
 
-from multiworld.contract import NAME_LABEL, TABLE_ENTRY_KEY, WORLD_LABEL
-from multiworld.kube_api import MERGE_PATCH
+from multiworld.contract import NAME_LABEL
+from multiworld_operator.kube.api_basics import MERGE_PATCH
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION
+from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
+from multiworld_operator.kube.planner_memory import read_memory
 
 T = TypeVar("T")
 
@@ -83,6 +85,8 @@ def running_operator(kubeconfig: Path, namespace: str, monkeypatch: pytest.Monke
     there too. On exit: no request of the operator was forbidden (the chart grants enough)."""
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    # The worker channel on any free port (its pods are told which).
+    monkeypatch.setenv(ENV_CHANNEL_PORT, "0")
     args = ["run", "--standalone", "--namespace", namespace, "-m", "multiworld_operator.kube.handlers"]
     with KopfRunner(args, timeout=60) as runner:
         yield runner
@@ -223,11 +227,16 @@ class KubeNamespace:
         return self.get(name).get("status") or {}
 
     def table(self, name: str = "mw") -> dict[str, dict[str, Any]]:
-        """The live world table as workers read it: world -> its entry, from the world ConfigMaps."""
-        items = self.core.list_namespaced_config_map(
-            self.namespace, label_selector=f"{NAME_LABEL}={name},{WORLD_LABEL}"
-        ).items
-        return {cm.metadata.labels[WORLD_LABEL]: json.loads(cm.data[TABLE_ENTRY_KEY]) for cm in items}
+        """The world table as the operator published it to the workers: world -> its entry, from
+        the operator's memory (stored before the table goes out)."""
+        try:
+            found = self.core.read_namespaced_config_map(name, self.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return {}
+            raise
+        memory = read_memory({"binaryData": found.binary_data}) or {}
+        return {entry["name"]: entry for entry in (memory.get("table") or {}).get("worlds") or []}
 
     def pods(self, name: str = "mw") -> dict[str, client.V1Pod]:
         listing = self.core.list_namespaced_pod(self.namespace, label_selector=f"{NAME_LABEL}={name}")

@@ -1,5 +1,5 @@
 """The Kubernetes platform's pure parts, no API server: world ports, what a pod listing means
-to the planner, the pod cache, the world table's ConfigMaps, the memory's ConfigMap, and the
+to the planner, the pod cache, which worker reports count, the memory's ConfigMap, and the
 status of an invalid spec."""
 
 from __future__ import annotations
@@ -12,12 +12,6 @@ from hypothesis import given, strategies as st
 from operator_support import manifest
 
 from multiworld.contract import (
-    NAME_LABEL,
-    REPORT_ANNOTATION,
-    REPORTS_ANNOTATION,
-    STATUS_ANNOTATION,
-    TABLE_ENTRY_KEY,
-    WORLD_LABEL,
     BrokenWorldReport,
     WorkerStatus,
     WorldEntry,
@@ -27,11 +21,11 @@ from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, pod_body
 from multiworld_operator.kube.observe import observe_pods
 from multiworld_operator.kube.planner_memory import MEMORY_KEY, memory_body, read_memory
 from multiworld_operator.kube.pod_cache import PodCache
-from multiworld_operator.kube.ports import PORT_BASE, PORT_SPAN, preferred_port, world_ports
+from multiworld_operator.kube.ports import preferred_port, world_ports
 from multiworld_operator.kube.refusal import refusal_patch
-from multiworld_operator.kube.world_tables import published_entry, table_writes, world_table_body
+from multiworld_operator.kube.worker_inbox import WorkerInbox
 from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, plan
-from multiworld_operator.spec import MultiWorld, parse_manifest
+from multiworld_operator.spec import PORT_BASE, PORT_SPAN, MultiWorld, parse_manifest
 
 OWNER = "uid-of-mw"
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
@@ -89,34 +83,67 @@ def pod(name: str, phase: str = "Running", owner: str = OWNER, **meta: object) -
 
 def test_observation_of_a_listing() -> None:
     report = BrokenWorldReport(world="wa", epoch=1, reason="timeout", peer_rank=0, pod="mw-a-1", time=NOW)
-    older = report.model_copy(update={"world": "wb"})
-    annotations = {
-        CREATED_FOR_ANNOTATION: json.dumps({"wa": 1}),
-        STATUS_ANNOTATION: WorkerStatus(pod="mw-a-1", joined={"wa": 1}).model_dump_json(),
-        REPORTS_ANNOTATION: json.dumps([older.model_dump(mode="json"), report.model_dump(mode="json")]),
-        REPORT_ANNOTATION: report.model_dump_json(),
-    }
+    # What a worker could once write on a pod counts for nothing: its status comes from the channel.
+    forged = {"multiworld.io/worker-status": WorkerStatus(pod="mw-a-0", joined={"wa": 9}).model_dump_json()}
     cache = PodCache(OWNER)
     cache.listed(
         [
-            pod("mw-a-1", annotations=annotations),
-            pod("mw-a-0", "Unknown", annotations={CREATED_FOR_ANNOTATION: "not json", STATUS_ANNOTATION: "{}"}),
+            pod("mw-a-1", annotations={CREATED_FOR_ANNOTATION: json.dumps({"wa": 1})}),
+            pod("mw-a-0", "Unknown", annotations={CREATED_FOR_ANNOTATION: "not json", **forged}),
             pod("mw-b-0", deletionTimestamp="2030-01-01T00:00:00Z"),
             pod("mw-b-1", owner="uid-of-an-older-mw"),
         ],
         "100",
     )
-    seen = observe_pods(cache.pods())
+    workers = {
+        "uid-mw-a-1": WorkerStatus(pod="mw-a-1", joined={"wa": 1}),
+        "uid-of-a-replaced-mw-a-0": WorkerStatus(pod="mw-a-0", joined={"wa": 1}),
+    }
+    seen = observe_pods(cache.pods(), workers, [report])
 
     by_name = {p.name: p for p in seen.pods}
     assert set(by_name) == {"mw-a-1", "mw-a-0"}  # terminating and foreign pods are not ours now
     assert (by_name["mw-a-1"].member, by_name["mw-a-1"].ordinal, by_name["mw-a-1"].phase) == ("a", 1, "Running")
     assert by_name["mw-a-1"].created_for == {"wa": 1} and by_name["mw-a-1"].joined == {"wa": 1}
     assert by_name["mw-a-0"].phase == "Pending"
-    assert by_name["mw-a-0"].created_for == {} and by_name["mw-a-0"].joined is None  # unreadable: ignored
-    assert seen.reports == [older, report]  # the single latest one is already in the list
+    # Unreadable stamp: ignored; the status of another instance of that name: not this one's.
+    assert by_name["mw-a-0"].created_for == {} and by_name["mw-a-0"].joined is None
+    assert seen.reports == [report]
     assert seen.present == {n: f"uid-{n}" for n in ("mw-a-1", "mw-a-0", "mw-b-0", "mw-b-1")}
     assert seen.terminating == {"mw-b-0"}
+
+
+def test_a_report_counts_only_from_a_rank_of_its_world_at_its_current_epoch() -> None:
+    def entry(name: str, epoch: int) -> WorldEntry:
+        return WorldEntry(
+            name=name, epoch=epoch, host="mw-leader-0.mw", port=4000, pods=["mw-leader-0", f"mw-{name}-0"]
+        )
+
+    table = WorldTable(worlds=[entry("wa", 2), entry("wb", 1)])
+
+    def broken(world: str, epoch: int) -> BrokenWorldReport:
+        return BrokenWorldReport(world=world, epoch=epoch, reason="recv timed out", time=NOW)
+
+    inbox = WorkerInbox()
+    assert inbox.report("mw-leader-0", broken("wa", 2), table)
+    assert not inbox.report("mw-wa-0", broken("wa", 1), table)  # crossed the new table in flight: quietly dropped
+    assert not inbox.report("mw-wb-0", broken("wa", 2), table)  # not in wa
+    assert not inbox.report("mw-wb-0", broken("wa", 3), table)  # said once per pod and world
+    assert not inbox.report("mw-leader-0", broken("wb", 7), table)  # an epoch wb has not reached
+    refusals = inbox.take_refusals()
+    assert len(refusals) == 2 and inbox.take_refusals() == []
+    assert "pod mw-wb-0 reported world wa broken at a world it holds no rank in" in refusals[0]
+    assert "pod mw-leader-0 reported world wb broken at epoch 7, which that world has not reached" in refusals[1]
+    _, reports = inbox.current(table, set())
+    assert [(r.world, r.epoch) for r in reports] == [("wa", 2)]
+    # The world moved on: the report is history.
+    _, reports = inbox.current(WorldTable(worlds=[entry("wa", 3), entry("wb", 1)]), set())
+    assert reports == []
+    # Before the operator knows the table (just started), a report waits for it.
+    early = WorkerInbox()
+    assert early.report("mw-leader-0", broken("wa", 2), None)
+    _, reports = early.current(table, set())
+    assert [(r.world, r.epoch) for r in reports] == [("wa", 2)]
 
 
 def test_pod_cache_keeps_the_newest_of_listing_and_events() -> None:
@@ -143,30 +170,6 @@ def test_pod_cache_keeps_the_newest_of_listing_and_events() -> None:
     assert phases == {"mw-a-0": "Failed", "mw-a-1": "Pending", "mw-b-0": "Running"}  # mw-b-1 stays deleted
 
 
-def test_table_writes_touch_only_the_worlds_that_changed() -> None:
-    def entry(name: str, epoch: int) -> WorldEntry:
-        return WorldEntry(
-            name=name, epoch=epoch, host="mw-leader-0.mw", port=4000, pods=["mw-leader-0", f"mw-{name}-0"]
-        )
-
-    published: dict[str, WorldEntry | None] = {"wa": entry("wa", 1), "wb": entry("wb", 1), "wc": None}
-    writes = table_writes(published, WorldTable(revision=2, worlds=[entry("wa", 1), entry("wb", 2), entry("wc", 1)]))
-    assert [e.name for e in writes.write] == ["wb", "wc"] and writes.remove == []
-    assert table_writes(published, WorldTable(revision=3, worlds=[entry("wb", 1)])).remove == ["wa", "wc"]
-
-    body = world_table_body({"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}, entry("wb", 2))
-    assert body["metadata"]["name"] == "mw.wb"
-    assert body["metadata"]["labels"] == {
-        NAME_LABEL: "mw",
-        WORLD_LABEL: "wb",
-        "pod.multiworld.io/mw-leader-0": "0",
-        "pod.multiworld.io/mw-wb-0": "1",
-    }
-    assert body["metadata"]["ownerReferences"][0]["uid"] == OWNER
-    assert published_entry(body) == entry("wb", 2)
-    assert published_entry({"data": {TABLE_ENTRY_KEY: "not json"}}) is None
-
-
 def test_the_memory_round_trips_through_its_configmap() -> None:
     memory = {
         "phase": "Running",
@@ -189,9 +192,9 @@ def test_pod_body_env_wins_over_the_template() -> None:
     }
     multiworld = {"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}
     action = CreatePod(pod="mw-a-0", member="a", ordinal=0, created_for={"wa": 3}, worlds=[], template=template)
-    body = pod_body(action, multiworld)
+    body = pod_body(action, multiworld, "operator://operator.ns.svc:7443")
     env = {e["name"]: e["value"] for e in body["spec"]["containers"][0]["env"]}
-    assert env["MULTIWORLD_POD"] == "mw-a-0" and env["MULTIWORLD_TABLE"] == "kubernetes://ns/mw"
+    assert env["MULTIWORLD_POD"] == "mw-a-0" and env["MULTIWORLD_TABLE"] == "operator://operator.ns.svc:7443"
     assert body["spec"]["restartPolicy"] == "Never"
     assert json.loads(body["metadata"]["annotations"][CREATED_FOR_ANNOTATION]) == {"wa": 3}
     assert template["spec"]["containers"][0]["env"] == [{"name": "MULTIWORLD_POD", "value": "x"}]  # not mutated

@@ -60,7 +60,15 @@ def test_pods_service_env_and_owner(scene: Scene) -> None:
             "mw",
             kube.namespace,
         )
-        assert env["MULTIWORLD_TABLE"] == f"kubernetes://{kube.namespace}/mw"
+        assert env["MULTIWORLD_TABLE"].startswith("operator://")
+        # The token by which its worker proves its pod to the operator, and nothing else of the API.
+        (token,) = [v for v in pod.spec.volumes if v.name == "multiworld-token"]
+        (source,) = token.projected.sources
+        assert source.service_account_token.audience == "multiworld.io"
+        (container,) = pod.spec.containers
+        assert [m.mount_path for m in container.volume_mounts if m.name == "multiworld-token"] == [
+            "/var/run/secrets/multiworld.io"
+        ]
 
     leader = {w["name"]: w for w in json.loads(env_of(pods["mw-leader-0"])["MULTIWORLD_WORLDS"])}
     assert set(leader) == {"wa", "wb"}

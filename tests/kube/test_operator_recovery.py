@@ -6,12 +6,14 @@ alone."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.worker_link import WorkerLink
 from operator_support import KubeNamespace, Scene, created_for, two_worlds, wait_for
 
-from multiworld.contract import REPORT_ANNOTATION, BrokenWorldReport
+from multiworld.contract import BrokenWorldReport
 from multiworld_operator.kube.controller import RESYNC_S
 
 pytestmark = pytest.mark.kube
@@ -90,13 +92,14 @@ def test_deleted_pod_counts_as_failed(scene: Scene) -> None:
     assert (failure["reason"], failure["pod"], failure["rank"]) == ("PodDeleted", "mw-b-1", 2)
 
 
-def test_member_report_restarts_the_reported_world(scene: Scene) -> None:
+def test_member_report_restarts_the_reported_world(scene: Scene, tmp_path: Path) -> None:
     kube = scene.kube
     before = start(kube)
 
     report = BrokenWorldReport(world="wa", epoch=1, reason="all_reduce timed out", peer_rank=2, pod="mw-leader-0")
-    kube.annotate("mw-leader-0", {REPORT_ANNOTATION: report.model_dump_json()})
-    status = kube.wait_running(epochs={"wa": 2, "wb": 1})
+    with WorkerLink(kube.core, kube.namespace, "mw-leader-0", tmp_path) as leader:
+        leader.report(report)
+        status = kube.wait_running(epochs={"wa": 2, "wb": 1})
 
     after = replaced(kube, before, {"mw-a-1"})  # the pod the report names
     assert {p: after[p] for p in PODS - {"mw-a-1"}} == {p: before[p] for p in PODS - {"mw-a-1"}}

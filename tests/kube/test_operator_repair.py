@@ -2,11 +2,9 @@
 spoiled with the API is written again or rebuilt, never left to chance, and no running pod is
 deleted for it.
 
-- A world table ConfigMap deleted or edited is written again within seconds (the operator
-  watches them; what it published is not trusted once one changed).
-- `kubectl delete cm -l multiworld.io/name=<mw>` takes the world table only, not the memory.
+- `kubectl delete cm -l multiworld.io/name=<mw>` cannot take the memory (labelled apart).
 - A memory lost, or corrupt (not gzip; a gzip bomb), found when the operator starts is rebuilt
-  from the pods' created-for stamps, the world table and the CR's status: every pod stays,
+  from the pods' created-for stamps and the CR's status: every pod stays,
   each world keeps its epoch and restarts, and a Warning Event says so.
 """
 
@@ -17,7 +15,7 @@ import gzip
 import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
@@ -32,69 +30,21 @@ from operator_support import (
     wait_for,
 )
 
-from multiworld.contract import TABLE_ENTRY_KEY, world_table_name
 from multiworld_operator.kube.memory_store import MEMORY_REBUILT
 from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MEMORY_KEY
 
 pytestmark = pytest.mark.kube
 
-# Seconds within which a deleted or edited table ConfigMap is back (the periodic resync is 60 s).
-REPAIR_S = 15.0
 
-
-def table_configmap(kube: KubeNamespace, world: str) -> Any:
-    listing: Any = kube.core.list_namespaced_config_map(kube.namespace)
-    return next((cm for cm in listing.items if cm.metadata.name == world_table_name("mw", world)), None)
-
-
-def entry_of(kube: KubeNamespace, world: str) -> dict[str, Any] | None:
-    found = table_configmap(kube, world)
-    try:
-        return None if found is None else cast("dict[str, Any]", json.loads(found.data[TABLE_ENTRY_KEY]))
-    except ValueError:
-        return None  # the edit, not read back yet
-
-
-def test_a_deleted_world_table_configmap_is_written_again(scene: Scene) -> None:
+def test_deleting_by_the_multiworld_label_leaves_the_memory(scene: Scene) -> None:
+    """`kubectl delete cm -l multiworld.io/name=mw` cannot take the memory with it."""
     kube = scene.kube
     kube.create(two_worlds())
     kube.wait_running(epochs={"wa": 1, "wb": 1})
-    before, uids = kube.table(), kube.uids()
-    kube.core.delete_namespaced_config_map(world_table_name("mw", "wa"), kube.namespace)
-    wait_for("world wa's table entry written again", lambda: entry_of(kube, "wa"), timeout=REPAIR_S)
-    assert kube.table() == before
-    assert kube.uids() == uids
-
-
-def test_an_edited_world_table_configmap_is_written_again(scene: Scene) -> None:
-    kube = scene.kube
-    kube.create(two_worlds())
-    kube.wait_running(epochs={"wa": 1, "wb": 1})
-    before = kube.table()
-    edited = {**before["wb"], "epoch": 7, "port": 1}
-    kube.core.patch_namespaced_config_map(
-        world_table_name("mw", "wb"), kube.namespace, {"data": {TABLE_ENTRY_KEY: json.dumps(edited)}}
-    )
-    wait_for("world wb's table entry written back", lambda: entry_of(kube, "wb") == before["wb"], timeout=REPAIR_S)
-    kube.core.patch_namespaced_config_map(
-        world_table_name("mw", "wb"), kube.namespace, {"data": {TABLE_ENTRY_KEY: "not json"}}
-    )
-    wait_for("world wb's table entry written back", lambda: entry_of(kube, "wb") == before["wb"], timeout=REPAIR_S)
-    assert kube.table() == before
-
-
-def test_deleting_the_table_by_label_leaves_the_memory(scene: Scene) -> None:
-    """`kubectl delete cm -l multiworld.io/name=mw`: the world table goes (and comes back), the
-    memory stays."""
-    kube = scene.kube
-    kube.create(two_worlds())
-    kube.wait_running(epochs={"wa": 1, "wb": 1})
-    before = kube.table()
     memory: Any = kube.core.read_namespaced_config_map("mw", kube.namespace)
     kube.core.delete_collection_namespaced_config_map(kube.namespace, label_selector="multiworld.io/name=mw")
     after: Any = kube.core.read_namespaced_config_map("mw", kube.namespace)
     assert after.metadata.uid == memory.metadata.uid
-    wait_for("the world table written again", lambda: kube.table() == before or None, timeout=REPAIR_S)
 
 
 # -- a memory lost or corrupt while the operator is down -------------------------------------

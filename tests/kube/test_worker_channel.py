@@ -1,18 +1,26 @@
-"""The worker side of the Kubernetes platform, for real: a KubernetesChannel holding only the
-workers' ServiceAccount token (the chart's worker Role) follows its pod's part of the world
-table (the world ConfigMaps labelled with it), a failure in a world it is not in sends it
-nothing, and what it reports on its Pod reaches the operator (itself holding only the chart's
-namespaced Role): a WorkerStatus decides readyRanks, a BrokenWorldReport restarts the world.
+"""The worker side of the Kubernetes platform, for real: the worker library's channel, holding a
+token the API server bound to its pod, follows that pod's part of the world table as the
+operator serves it, a failure in a world it is not in sends it nothing, and what it says reaches
+the operator (a WorkerStatus decides readyRanks, a BrokenWorldReport restarts the world).
+
+And the trust boundary, each attack carried out for real: a worker speaks only for its own pod
+(a hello naming another pod, or carrying no token, is refused), only for the worlds that pod
+holds a rank in and only at their current epoch (a forged report is ignored and said on the
+MultiWorld by a Warning Event naming the pod), and the workers' ServiceAccount may write nothing
+(patching another pod's image is refused by the API server).
 """
 
 from __future__ import annotations
 
-import queue
+import socket
+from pathlib import Path
 
 import pytest
+from harness.worker_link import WorkerLink, channel_url, pod_token
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
 from operator_support import (
-    WAIT_S,
     WORKER_SA,
     Kubelet,
     KubeNamespace,
@@ -22,134 +30,178 @@ from operator_support import (
     wait_for,
 )
 
-from multiworld.channels import open_channel
-from multiworld.channels.kubernetes import KubernetesChannel, parse_table_url
-from multiworld.contract import STATUS_ANNOTATION, BrokenWorldReport, WorkerStatus, WorldTable
+from multiworld.channels.stream import parse_url
+from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldTable
+from multiworld_operator.kube.api_basics import MERGE_PATCH
 
 pytestmark = pytest.mark.kube
 
 LEADER = "mw-leader-0"
+WAIT_S = 120.0
 
 
-class Tables:
-    """What the channel handed to on_table, in order."""
+def epochs(table: WorldTable) -> dict[str, int]:
+    return {w.name: w.epoch for w in table.worlds}
 
-    def __init__(self) -> None:
-        self.received: queue.Queue[WorldTable] = queue.Queue()
 
-    def __call__(self, table: WorldTable) -> None:
-        self.received.put(table)
-
-    def until(self, epochs: dict[str, int]) -> WorldTable:
-        """The first table (from now on) whose worlds are at `epochs`."""
-        while True:
-            table = self.received.get(timeout=WAIT_S)
-            if {w.name: w.epoch for w in table.worlds} == epochs:
-                return table
+def until(link: WorkerLink, wanted: dict[str, int]) -> WorldTable:
+    return wait_for(f"a table at {wanted}", lambda: next((t for t in link.tables if epochs(t) == wanted), None))
 
 
 def ready_ranks(kube: KubeNamespace, world: str, phase: str, ranks: int) -> None:
     kube.wait_world(world, lambda w: (w["phase"], w["readyRanks"]) == (phase, ranks), f"{phase} with {ranks} ready")
 
 
-def test_channel_follows_the_table_and_reaches_the_operator(
-    kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The chart in its namespaced mode: a Role for the operator and the workers' identity here.
+def refused_events(kube: KubeNamespace) -> list[str]:
+    return [e.message for e in kube.events() if e.reason == "ReportRefused" and e.type == "Warning"]
+
+
+def hello_answer(kube: KubeNamespace, hello: Hello) -> ChannelMessage:
+    """What the operator answers a raw connection that opens with `hello`."""
+    _, host, port = parse_url(channel_url(kube.core, kube.namespace, LEADER))
+    with socket.create_connection((host, port), timeout=WAIT_S) as sock, sock.makefile("rb") as lines:
+        sock.sendall(ChannelMessage(hello=hello).encode())
+        return ChannelMessage.decode(lines.readline())
+
+
+@pytest.fixture
+def chart_scene(kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """The chart in its namespaced mode (a Role for the operator here, the workers' ServiceAccount
+    with none), the operator serving this namespace, two worlds running, pods as the workers'
+    ServiceAccount."""
     release = install_release(kube_cluster, namespace, {"watchNamespaces": [namespace]})
     kube_cluster.serviceaccount_kubeconfig(namespace, WORKER_SA)  # its token exists: pods get admitted
     template = two_worlds()["spec"]["template"]
     template["spec"]["serviceAccountName"] = WORKER_SA
-
     with (
         kube_cluster.api_client() as admin,
         Kubelet(admin, namespace) as kubelet,
         running_operator(release.operator_kubeconfig, namespace, monkeypatch),
-        kube_cluster.serviceaccount_api_client(namespace, WORKER_SA) as worker_api,
     ):
         kube = KubeNamespace(admin, namespace)
         kube.create(two_worlds(template=template))
         kube.wait_running(epochs={"wa": 1, "wb": 1})
-        channel = KubernetesChannel(f"kubernetes://{namespace}/mw", LEADER, api=worker_api)
-        tables = Tables()
-        channel.start(tables)
-        # A pod of wb only: wa's failure below must not reach it.
-        bystander = KubernetesChannel(f"kubernetes://{namespace}/mw", "mw-b-0", api=worker_api)
-        bystander_tables = Tables()
-        bystander.start(bystander_tables)
+        yield kube, kubelet
+
+
+def test_channel_follows_the_table_and_reaches_the_operator(chart_scene, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    kube, kubelet = chart_scene
+    # A pod of wb only: wa's failure below must not reach it.
+    with (
+        WorkerLink(kube.core, kube.namespace, LEADER, tmp_path) as leader,
+        WorkerLink(kube.core, kube.namespace, "mw-b-0", tmp_path) as bystander,
+    ):
+        first = until(leader, {"wa": 1, "wb": 1})
+        assert sorted(first.assignments_for(LEADER)) == ["wa", "wb"]
+        until(bystander, {"wb": 1})
+        leader.status(WorkerStatus(pod=LEADER, joined={"wa": 1, "wb": 1}))
+
+        # The operator bumps wa; the channel hands the new table over, and nothing to the bystander.
+        seen_by_bystander = len(bystander.tables)
+        kubelet.fail("mw-a-0")
+        bumped = until(leader, {"wa": 2, "wb": 1})
+        assert bumped.assignments_for(LEADER)["wa"].epoch == 2
+        # The new a pods run, but the leader's status still holds wa at epoch 1: not whole.
+        ready_ranks(kube, "wa", "Recovering", 2)
+        leader.status(WorkerStatus(pod=LEADER, joined={"wa": 2, "wb": 1}))
+        ready_ranks(kube, "wa", "Running", 3)
+        assert len(bystander.tables) == seen_by_bystander
+
+        # The leader reports wb broken (its peer at rank 1 timed out): wb restarts.
+        before = kube.uids()
+        leader.report(BrokenWorldReport(world="wb", epoch=1, reason="recv timed out", peer_rank=1, pod=LEADER))
+        until(leader, {"wa": 2, "wb": 2})
+        failure = kube.wait_world("wb", lambda w: w["epoch"] == 2, "epoch 2")["worlds"]["wb"]["lastFailure"]
+        assert (failure["reason"], failure["pod"], failure["rank"]) == ("WorldBroken", "mw-b-0", 1)
+        leader.status(WorkerStatus(pod=LEADER, joined={"wa": 2, "wb": 2}))
+        kube.wait_running(epochs={"wa": 2, "wb": 2})
+        assert kube.uids()[LEADER] == before[LEADER]
+        assert until(bystander, {"wb": 2}).worlds[0].epoch == 2  # its own world's bump reaches it
+    assert refused_events(kube) == []
+
+
+def test_a_worker_cannot_speak_for_worlds_it_is_not_in_nor_for_epochs_to_come(chart_scene, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    kube, _ = chart_scene
+    uids = kube.uids()
+    with (
+        WorkerLink(kube.core, kube.namespace, "mw-b-0", tmp_path) as intruder,
+        WorkerLink(kube.core, kube.namespace, LEADER, tmp_path) as leader,
+    ):
+        until(intruder, {"wb": 1})
+        until(leader, {"wa": 1, "wb": 1})
+        # A pod of wb only reports wa broken, for every epoch to come (today's code took them all,
+        # and drove wa through its whole restart budget).
+        for epoch in range(1, 6):
+            intruder.report(BrokenWorldReport(world="wa", epoch=epoch, reason="forged", pod="mw-b-0"))
+        # The leader holds a rank in wb, but wb has not reached epoch 5.
+        leader.report(BrokenWorldReport(world="wb", epoch=5, reason="from the future", pod=LEADER))
+        messages = wait_for("two ReportRefused Events", lambda: (m := refused_events(kube)) and len(m) == 2 and m)
+    assert any("pod mw-b-0 reported world wa broken" in m and "holds no rank in" in m for m in messages), messages
+    assert any(f"pod {LEADER} reported world wb broken at epoch 5" in m for m in messages), messages
+    status = kube.status()
+    assert {w: status["worlds"][w]["epoch"] for w in ("wa", "wb")} == {"wa": 1, "wb": 1}
+    assert kube.uids() == uids
+
+
+def test_a_worker_speaks_only_for_its_own_pod(chart_scene) -> None:  # type: ignore[no-untyped-def]
+    kube, _ = chart_scene
+    bystander_token = pod_token(kube.core, kube.namespace, "mw-b-0")
+    answer = hello_answer(kube, Hello(pod=LEADER, token=bystander_token))
+    assert answer.refused == f"the hello names pod {LEADER}, the token is pod mw-b-0's"
+    assert "sent no token" in (hello_answer(kube, Hello(pod=LEADER)).refused or "")
+    assert "was not accepted" in (hello_answer(kube, Hello(pod=LEADER, token="not.a.token")).refused or "")
+
+
+def test_the_workers_serviceaccount_may_write_nothing(chart_scene, kube_cluster: Cluster) -> None:  # type: ignore[no-untyped-def]
+    """As the workers' ServiceAccount: patching another pod's image (a mutable field: it would run
+    other code under that pod's identity), annotating a pod, writing a ConfigMap: all refused."""
+    kube, _ = chart_scene
+    with kube_cluster.serviceaccount_api_client(kube.namespace, WORKER_SA) as worker_api:
+        core = client.CoreV1Api(worker_api)
+        attempts = {
+            "patch another pod's image": lambda: core.patch_namespaced_pod(
+                "mw-a-0",
+                kube.namespace,
+                {"spec": {"containers": [{"name": "worker", "image": "attacker/image"}]}},
+                _content_type=MERGE_PATCH,
+            ),
+            "annotate a pod": lambda: core.patch_namespaced_pod(
+                LEADER, kube.namespace, {"metadata": {"annotations": {"x": "y"}}}, _content_type=MERGE_PATCH
+            ),
+            "create a ConfigMap": lambda: core.create_namespaced_config_map(
+                kube.namespace, {"metadata": {"name": "decoy"}, "data": {}}
+            ),
+            "delete a pod": lambda: core.delete_namespaced_pod("mw-a-1", kube.namespace),
+        }
+        for what, attempt in attempts.items():
+            with pytest.raises(ApiException) as refused:
+                attempt()
+            assert refused.value.status == 403, what
+    assert kube.pods()["mw-a-0"].spec.containers[0].image != "attacker/image"
+
+
+def test_a_deleted_or_edited_network_policy_is_restored(chart_scene) -> None:  # type: ignore[no-untyped-def]
+    kube, _ = chart_scene
+    networking = client.NetworkingV1Api(kube.api)
+
+    def policy() -> client.V1NetworkPolicy | None:
         try:
-            first = tables.until({"wa": 1, "wb": 1})
-            assert sorted(first.assignments_for(LEADER)) == ["wa", "wb"]
-            assert [w.name for w in bystander_tables.until({"wb": 1}).worlds] == ["wb"]
-            channel.status(WorkerStatus(pod=LEADER, joined={"wa": 1, "wb": 1}))
-            wait_for(
-                "the leader's WorkerStatus on its pod",
-                lambda: STATUS_ANNOTATION in (kube.pods()[LEADER].metadata.annotations or {}),
-            )
+            return networking.read_namespaced_network_policy("mw", kube.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
 
-            # The operator bumps wa; the channel hands the new table over.
-            kubelet.fail("mw-a-0")
-            bumped = tables.until({"wa": 2, "wb": 1})
-            assert bumped.revision > first.revision
-            assert bumped.assignments_for(LEADER)["wa"].epoch == 2
-            assert bystander_tables.received.empty()
-            # The new a pods run, but the leader's status still holds wa at epoch 1: not whole.
-            ready_ranks(kube, "wa", "Recovering", 2)
-            channel.status(WorkerStatus(pod=LEADER, joined={"wa": 2, "wb": 1}))
-            ready_ranks(kube, "wa", "Running", 3)
-
-            # The leader reports wb broken (its peer at rank 1 timed out): wb restarts.
-            before = kube.uids()
-            channel.report(BrokenWorldReport(world="wb", epoch=1, reason="recv timed out", peer_rank=1, pod=LEADER))
-            tables.until({"wa": 2, "wb": 2})
-            failure = kube.wait_world("wb", lambda w: w["epoch"] == 2, "epoch 2")["worlds"]["wb"]["lastFailure"]
-            assert (failure["reason"], failure["pod"], failure["rank"]) == ("WorldBroken", "mw-b-0", 1)
-            channel.status(WorkerStatus(pod=LEADER, joined={"wa": 2, "wb": 2}))
-            kube.wait_running(epochs={"wa": 2, "wb": 2})
-            assert kube.uids()[LEADER] == before[LEADER]
-            events = kube.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={LEADER}").items
-            assert [(e.reason, e.type) for e in events] == [("WorldBroken", "Warning")]
-            assert "world wb epoch 1 broken (peer rank 1): recv timed out" == events[0].message
-            assert bystander_tables.until({"wb": 2}).worlds[0].epoch == 2  # its own world's bump reaches it
-        finally:
-            channel.close()
-            bystander.close()
-        assert not any(thread.is_alive() for thread in channel._threads)
-
-
-def test_channel_url() -> None:
-    assert parse_table_url("kubernetes://team-a/mw") == ("team-a", "mw")
-    for bad in ("kubernetes://", "kubernetes://ns", "kubernetes://ns/", "kubernetes://ns/a/b", "local://ns/mw"):
-        with pytest.raises(ValueError, match="MULTIWORLD_TABLE"):
-            parse_table_url(bad)
-    with pytest.raises(ValueError, match="NAMESPACE/NAME"):
-        open_channel("kubernetes://only-a-namespace", LEADER)
-
-
-# A worker process that only follows its table: what init_from_env starts in every pod.
-FOLLOW_TABLE = """
-import sys, time
-from multiworld.channels import open_channel
-channel = open_channel(sys.argv[1], "mw-leader-0")
-channel.start(lambda table: None)
-time.sleep(120)
-"""
-
-
-def test_a_worker_without_its_permissions_exits_saying_which_and_how(kube_cluster: Cluster, namespace: str) -> None:
-    """401/403 never heal by retrying: a worker running as a ServiceAccount without the
-    workers' Role exits at once (status 77), naming the permission and the fix."""
-    import os
-    import subprocess
-    import sys
-
-    kubeconfig = kube_cluster.serviceaccount_kubeconfig(namespace, "default")
-    result = subprocess.run([sys.executable, "-c", FOLLOW_TABLE, f"kubernetes://{namespace}/mw"],
-                            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
-                            capture_output=True, text=True, timeout=100, check=False)  # fmt: skip
-    assert result.returncode == 77, result.stderr
-    assert (
-        "refused this worker (403 Forbidden): its ServiceAccount may not get, list and watch configmaps"
-        in result.stderr
-    ), result.stderr
-    assert "`serviceAccountName: multiworld-worker`" in result.stderr
+    made = wait_for("the NetworkPolicy", policy)
+    networking.delete_namespaced_network_policy("mw", kube.namespace)
+    restored = wait_for(
+        "the NetworkPolicy restored", lambda: (p := policy()) and p.metadata.uid != made.metadata.uid and p
+    )
+    assert restored.spec == made.spec
+    networking.patch_namespaced_network_policy(
+        "mw",
+        kube.namespace,
+        {"spec": {"ingress": [{}]}},
+        _content_type=MERGE_PATCH,  # open to everyone
+    )
+    wait_for("the NetworkPolicy's spec restored", lambda: (p := policy()) and p.spec == made.spec)

@@ -24,18 +24,27 @@ CONSTRAINTS = REPO / "constraints.txt"
 WHEEL_INPUTS = ("pyproject.toml", "README.md", "worker", "operator")
 
 # Lower bounds: torch as verified (2.13 CPU, 2.11 NCCL); kubernetes 36, the first client whose
-# API methods take `_content_type`; urllib3 2.3.0, the first with HTTPResponse.shutdown();
-# kopf 1.45, the first with settings.watching.label_selectors.
+# API methods take `_content_type`; kopf 1.45, the first with settings.watching.label_selectors.
 DECLARED: dict[str, dict[str, str]] = {
-    "worker": {"torch": ">=2.11,<2.14", "kubernetes": ">=36", "urllib3": ">=2.3"},
-    "operator": {"kopf": ">=1.45", "kubernetes": ">=36", "urllib3": ">=2.3"},
+    "worker": {"torch": ">=2.11,<2.14"},
+    "operator": {"kopf": ">=1.45", "kubernetes": ">=36"},
 }
 
-# What the channel needs of kubernetes and urllib3 (both extras import it). The call goes to a
-# closed port: a client that does not take `_content_type` fails before the network.
-CHANNEL_CHECK = """
-import kubernetes, urllib3, multiworld.channels.kubernetes
-assert hasattr(urllib3.HTTPResponse, "shutdown"), urllib3.__version__
+# The worker needs no Kubernetes client: its channel is plain TCP to the operator.
+WORKER_CHECK = """
+import multiworld, multiworld.channels.stream, torch
+try:
+    import kubernetes
+except ModuleNotFoundError:
+    pass
+else:
+    raise SystemExit(f"kubernetes is installed with the worker extra: {kubernetes.__file__}")
+print(multiworld.__file__)
+"""
+# What the operator needs of kubernetes. The call goes to a closed port: a client that does not
+# take `_content_type` fails before the network.
+OPERATOR_CHECK = """
+import kubernetes
 cfg = kubernetes.client.Configuration(host="http://127.0.0.1:9")
 cfg.retries = False
 custom = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg))
@@ -46,17 +55,6 @@ except TypeError as error:
     raise SystemExit(f"kubernetes {kubernetes.__version__}: {error}")
 except Exception:
     pass
-"""
-WORKER_CHECK = (
-    CHANNEL_CHECK
-    + """
-import multiworld, torch
-print(multiworld.__file__)
-"""
-)
-OPERATOR_CHECK = (
-    CHANNEL_CHECK
-    + """
 import kopf, multiworld_operator, multiworld_operator.kube.handlers, multiworld_operator.kube.main
 kopf.OperatorSettings().watching.label_selectors
 try:
@@ -67,7 +65,6 @@ else:
     raise SystemExit(f"torch is installed: {torch.__file__}")
 print(multiworld_operator.__file__)
 """
-)
 REQUIRES = "import importlib.metadata, json; print(json.dumps(importlib.metadata.requires('multiworld')))"
 
 

@@ -10,8 +10,9 @@ The limits, as Linux and Kubernetes set them:
   a write beyond it).
 - OBJECT_LIMIT: one object as etcd stores it (its default request limit); the MultiWorld holds
   its spec, its metadata and its status in one object.
-- CONFIGMAP_LIMIT: a ConfigMap's data and binaryData together (the world tables, the planner's
-  memory).
+- CONFIGMAP_LIMIT: a ConfigMap's data and binaryData together (the planner's memory).
+- MAX_LINE: one message a worker sends the operator over the worker channel (the operator's
+  channel server reads no longer line).
 - The chart's memory limit for the operator (charts/multiworld-operator/values.yaml), and one
   second for a plan.
 """
@@ -32,18 +33,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from kubernetes import client
 
 # tests/planner's platform for the planner (planner_sim), imported by name as its tests do.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "planner"))
 from planner_sim import Sim
 
-from multiworld.channels.kubernetes import KubernetesChannel
-from multiworld.contract import ENV_WORLDS, BrokenWorldReport, WorkerStatus, WorldAssignment, WorldEntry
+from multiworld.contract import ENV_WORLDS, BrokenWorldReport, ChannelMessage, WorkerStatus, WorldAssignment
+from multiworld_operator.channel_server import MAX_LINE as MAX_LINE
 from multiworld_operator.kube.bodies import pod_body, rendezvous_host
 from multiworld_operator.kube.planner_memory import memory_body
-from multiworld_operator.kube.ports import PORT_BASE, PORT_SPAN, world_ports
-from multiworld_operator.kube.world_tables import world_table_body
+from multiworld_operator.kube.ports import world_ports
 from multiworld_operator.planner import CreatePod, Plan, plan
 from multiworld_operator.spec import (
     MAX_LABEL,
@@ -54,6 +53,8 @@ from multiworld_operator.spec import (
     MAX_SPEC_BYTES,
     MAX_WORLDS,
     MAX_WORLDS_PER_POD,
+    PORT_BASE,
+    PORT_SPAN,
     SPARE_SERIAL_ROOM,
     MultiWorld,
     parse_manifest,
@@ -78,6 +79,8 @@ CHART_VALUES = REPO / "charts" / "multiworld-operator" / "values.yaml"
 # second for 68 years), and ranks and sizes of as many digits as the largest world has.
 EPOCH = 2**31 - 1
 PORT = PORT_BASE + PORT_SPAN - 1
+# What the pods are told of the operator (its address as long as a Service's name may be).
+CHANNEL_URL = f"operator://{'o' * 63}.{'n' * 63}.svc.cluster.local:65535"
 RANK = MAX_RANKS - 1
 WHEN = datetime(2024, 5, 1, 12, 0, 0, 999_999, tzinfo=UTC)
 # The reason of a worker's report, taken at MAX_MESSAGE characters as spec.py's caps assume
@@ -125,7 +128,7 @@ def pod_of(worlds: int) -> dict[str, Any]:
         worlds=assignments,
         template=_TEMPLATE,
     )
-    return pod_body(create, OWNER)
+    return pod_body(create, OWNER, CHANNEL_URL)
 
 
 def env_string(worlds: int) -> bytes:
@@ -142,19 +145,16 @@ def worlds_env(pod: dict[str, Any]) -> bytes:
 
 
 def pod_annotations(worlds: int) -> dict[str, str]:
-    """Every annotation of that pod at its largest: the operator's created-for stamp and what
-    its worker writes (multiworld.channels.kubernetes): a WorkerStatus holding every world in
-    every map (joined at one epoch, joining the next, errors seen) and a broken-world report per
-    world, each with a reason of REASON characters."""
+    """Every annotation of that pod: the operator's created-for stamp (its worker writes none)."""
+    return dict(pod_of(worlds)["metadata"]["annotations"])
+
+
+def worker_line(worlds: int) -> int:
+    """The longest message that pod's worker sends (multiworld.channels.stream), in bytes: its
+    WorkerStatus holding every world in every map (joined at one epoch, joining the next, errors
+    seen), or a broken-world report with a reason of REASON characters."""
     pod, assignments = pod_in_worlds(worlds)
     names = [a.name for a in assignments]
-    channel = KubernetesChannel(f"kubernetes://{NAMESPACE}/{MW_NAME}", pod, api=client.ApiClient())
-    for name in names:
-        channel.report(
-            BrokenWorldReport(
-                world=name, epoch=EPOCH, reason="r" * REASON, peer_rank=RANK, pod=pod, time=WHEN, plays=pod
-            )
-        )
     status = WorkerStatus(
         pod=pod,
         joined=dict.fromkeys(names, EPOCH),
@@ -165,27 +165,8 @@ def pod_annotations(worlds: int) -> dict[str, str]:
         waiting=False,
         plays=pod,
     )
-    worker = channel._annotations(True, status)  # what its writer sends: the worker's own bytes
-    return {**pod_of(worlds)["metadata"]["annotations"], **worker}
-
-
-def world_configmap(ranks: int) -> tuple[int, int]:
-    """The ConfigMap of a world of `ranks` ranks (kube.world_tables.world_table_body), whole and
-    its data, in bytes: names of 63 characters, every rank a warm spare that plays a member pod,
-    ten-digit epochs."""
-    spares, members = longest_names("s", ranks), longest_names("p", ranks)
-    entry = WorldEntry(
-        name=longest_names("w", 1)[0],
-        epoch=EPOCH,
-        backend="nccl",
-        host=rendezvous_host(MW_NAME, spares[0]),
-        port=PORT,
-        pods=spares,
-        instances=dict.fromkeys(spares, EPOCH),
-        plays=dict(zip(spares, members, strict=True)),
-    )
-    body = world_table_body(OWNER, entry)
-    return _json_bytes(body), sum(len(v.encode()) for v in body["data"].values())
+    report = BrokenWorldReport(world=names[0], epoch=EPOCH, reason="r" * REASON, peer_rank=RANK, pod=pod, time=WHEN)
+    return max(len(ChannelMessage(status=status).encode()), len(ChannelMessage(report=report).encode()))
 
 
 def annotations_bytes(annotations: dict[str, str]) -> int:
@@ -346,15 +327,14 @@ class Largest:
     # The CR's status (the planner's view) after the first plan, and at its largest.
     status_first_bytes: int
     status_worst_bytes: int
-    # The planner's memory ConfigMap and the largest world ConfigMap (whole, and its data).
+    # The planner's memory ConfigMap (whole, and its data).
     memory_configmap_bytes: int
     memory_configmap_data_bytes: int
-    world_configmap_bytes: int
-    world_configmap_data_bytes: int
-    # The pod in most worlds: its MULTIWORLD_WORLDS string (the operator's pod body for it) and
-    # every annotation of it at its largest (pod_annotations).
+    # The pod in most worlds: its MULTIWORLD_WORLDS string (the operator's pod body for it),
+    # every annotation of it (pod_annotations) and its worker's longest message (worker_line).
     env_string_bytes: int
     annotations_bytes: int
+    worker_line_bytes: int
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -376,8 +356,6 @@ def measure_largest(manifest: dict[str, Any] | None = None) -> Largest:
     platform.step()  # their replacements come
     platform.waiting("w" * MAX_MESSAGE)
     worst = platform.plan()
-    tables = [world_table_body(data, entry) for entry in worst.status.table.worlds]
-    largest_table = max(tables, key=_json_bytes)
     memory = memory_body(data, worst.status.to_dict())
     return Largest(
         pods=len(multiworld.all_pods()) + sum(m.spares for m in multiworld.spec.members),
@@ -391,10 +369,9 @@ def measure_largest(manifest: dict[str, Any] | None = None) -> Largest:
         status_worst_bytes=max(_json_bytes(p.status.view()) for p in (first, failure, worst)),
         memory_configmap_bytes=_json_bytes(memory),
         memory_configmap_data_bytes=sum(len(v) for v in memory["binaryData"].values()),
-        world_configmap_bytes=_json_bytes(largest_table),
-        world_configmap_data_bytes=sum(len(v.encode()) for v in largest_table["data"].values()),
-        env_string_bytes=len(worlds_env(pod_body(hub_create, data))),
+        env_string_bytes=len(worlds_env(pod_body(hub_create, data, CHANNEL_URL))),
         annotations_bytes=annotations_bytes(pod_annotations(len(multiworld.worlds_of_pod(hub)))),
+        worker_line_bytes=worker_line(len(multiworld.worlds_of_pod(hub))),
     )
 
 

@@ -16,7 +16,7 @@ from spec.limits_support import (
     ANNOTATIONS_LIMIT,
     CONFIGMAP_LIMIT,
     ENV_STRING_LIMIT,
-    OBJECT_LIMIT,
+    MAX_LINE,
     STATUS_ROOM,
     Largest,
     annotations_bytes,
@@ -25,7 +25,7 @@ from spec.limits_support import (
     largest_manifest,
     measure_largest,
     pod_annotations,
-    world_configmap,
+    worker_line,
 )
 
 from multiworld_operator.crd import crd
@@ -62,16 +62,17 @@ def test_the_largest_spec_is_accepted_and_reaches_every_cap(largest: Largest) ->
     assert largest.spec_bytes <= MAX_SPEC_BYTES
 
 
-def test_the_pod_in_most_worlds_can_start_and_be_annotated() -> None:
-    """Its environment string and its annotations at MAX_WORLDS_PER_POD worlds, every name
-    and number at its longest, against the kernel's and the API server's limits."""
+def test_the_pod_in_most_worlds_can_start_be_annotated_and_speak() -> None:
+    """Its environment string, its annotations and its worker's longest message at
+    MAX_WORLDS_PER_POD worlds, every name and number at its longest, against the kernel's, the
+    API server's and the worker channel's limits."""
     env = len(env_string(MAX_WORLDS_PER_POD))
     annotations = annotations_bytes(pod_annotations(MAX_WORLDS_PER_POD))
     assert env <= MARGIN * ENV_STRING_LIMIT, env
     assert annotations <= MARGIN * ANNOTATIONS_LIMIT, annotations
-    # Both grow with the worlds: the cap is what keeps them there.
+    assert worker_line(MAX_WORLDS_PER_POD) <= MARGIN * MAX_LINE
+    # The environment grows with the worlds: the cap is what keeps it there.
     assert len(env_string(4 * MAX_WORLDS_PER_POD)) > ENV_STRING_LIMIT
-    assert annotations_bytes(pod_annotations(2 * MAX_WORLDS_PER_POD)) > ANNOTATIONS_LIMIT
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Linux's MAX_ARG_STRLEN")
@@ -84,14 +85,9 @@ def test_what_the_operator_writes_for_the_largest_spec_fits(largest: Largest) ->
     # at its largest.
     assert largest.status_worst_bytes <= MARGIN * STATUS_ROOM, largest
     assert largest.memory_configmap_data_bytes <= MARGIN * CONFIGMAP_LIMIT, largest
-    assert largest.world_configmap_data_bytes <= MARGIN * CONFIGMAP_LIMIT, largest
     assert largest.env_string_bytes <= MARGIN * ENV_STRING_LIMIT, largest
     assert largest.annotations_bytes <= MARGIN * ANNOTATIONS_LIMIT, largest
-
-
-def test_a_world_of_every_rank_fits_its_configmap() -> None:
-    body, data = world_configmap(MAX_RANKS)
-    assert data <= MARGIN * CONFIGMAP_LIMIT and body <= MARGIN * OBJECT_LIMIT, (body, data)
+    assert largest.worker_line_bytes <= MARGIN * MAX_LINE, largest
 
 
 def _more_ranks(data: dict[str, Any]) -> None:

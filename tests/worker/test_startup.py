@@ -10,18 +10,19 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
 
 import pytest
 from worker_support import TEST_DETECT, Member, TableServer, assignment, free_ports
 
 from multiworld import DetectConfig
 from multiworld.channels import open_channel
-from multiworld.channels.local import LocalChannel
 from multiworld.channels.none import NoneChannel
+from multiworld.channels.stream import StreamChannel
 from multiworld.contract import (
     BrokenWorldReport,
     ChannelMessage,
+    Hello,
     WorkerEnv,
     WorkerStatus,
     WorldEntry,
@@ -39,14 +40,9 @@ def imported_after(code: str) -> set[str]:
 
 def test_import_multiworld_loads_neither_torch_nor_kubernetes() -> None:
     assert imported_after("import multiworld\nfrom multiworld import WorldManager, DetectConfig, ReduceOp") == set()
-    assert imported_after("import multiworld.channels.local, multiworld.contract") == set()
-    # The kubernetes channel loads kubernetes only when a kubernetes:// table is asked for
-    # (here without cluster credentials, so opening it may fail after the import).
-    asked = (
-        "from multiworld.channels import open_channel\n"
-        "try:\n    open_channel('kubernetes://ns/n', 'p')\nexcept Exception:\n    pass"
-    )
-    assert "kubernetes" in imported_after(asked)
+    # The operator's channel is plain TCP: the worker never loads kubernetes.
+    opened = "from multiworld.channels import open_channel\nopen_channel('operator://127.0.0.1:9', 'p')"
+    assert imported_after(opened) == set()
     assert imported_after("from multiworld import World") == {"torch"}
 
 
@@ -101,12 +97,13 @@ def test_a_gloo_error_is_told_without_its_source_location_and_hints() -> None:
 
 def test_channel_choice_by_scheme() -> None:
     assert isinstance(open_channel("", "pod"), NoneChannel)
-    assert isinstance(open_channel("local://127.0.0.1:5000", "pod"), LocalChannel)
+    assert isinstance(open_channel("local://127.0.0.1:5000", "pod"), StreamChannel)
+    assert isinstance(open_channel("operator://operator.ns.svc:7443", "pod"), StreamChannel)
     with pytest.raises(ValueError, match="MULTIWORLD_TABLE='zookeeper://x' has an unknown scheme 'zookeeper'"):
         open_channel("zookeeper://x", "pod")
     with pytest.raises(ValueError, match="is not a channel URL"):
         open_channel("127.0.0.1:5000", "pod")
-    for bad in ("local://127.0.0.1", "local://:5000", "local://127.0.0.1:notaport", "local://h:1/path"):
+    for bad in ("local://127.0.0.1", "local://:5000", "local://127.0.0.1:notaport", "operator://h:1/path"):
         with pytest.raises(ValueError, match="expected local://HOST:PORT"):
             open_channel(bad, "pod")
 
@@ -132,24 +129,55 @@ def test_local_channel_with_the_runner_server(table_server) -> None:
     channel.close()
 
 
-def test_local_channel_reconnects_and_says_hello_again() -> None:
-    """A runner that drops the connection gets a new one, opened with hello and the status."""
+def test_channel_reconnects_and_says_hello_again_with_the_token_as_it_is_now(tmp_path: Path) -> None:
+    """A platform that drops the connection gets a new one, opened with hello (the token read
+    afresh: the kubelet rotates it), the status and the report it may have lost."""
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    channel = LocalChannel("127.0.0.1", port, "p7")
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    channel = StreamChannel("127.0.0.1", port, "p7", token)
     channel.start(lambda table: None)
     channel.status(WorkerStatus(pod="p7", joined={"w": 2}))
+    report = BrokenWorldReport(world="w", epoch=2, reason="recv timed out", pod="p7")
     first, _ = server.accept()
+    first.settimeout(30)
     with first.makefile("rb") as lines:
-        assert ChannelMessage.decode(lines.readline()).hello == "p7"
+        assert ChannelMessage.decode(lines.readline()).hello == Hello(pod="p7", token="first")
+        channel.report(report)
+        # The status (in the greeting, or as queued, or both), then the report.
+        sent = [ChannelMessage.decode(lines.readline())]
+        while sent[-1].report is None:
+            sent.append(ChannelMessage.decode(lines.readline()))
+        assert all(m.status == WorkerStatus(pod="p7", joined={"w": 2}) for m in sent[:-1])
+        assert sent[-1].report == report
+    token.write_text("rotated")
     first.close()
     again, _ = server.accept()
     with again.makefile("rb") as lines:
-        assert ChannelMessage.decode(lines.readline()).hello == "p7"
+        assert ChannelMessage.decode(lines.readline()).hello == Hello(pod="p7", token="rotated")
         assert ChannelMessage.decode(lines.readline()).status == WorkerStatus(pod="p7", joined={"w": 2})
+        assert ChannelMessage.decode(lines.readline()).report == report
     channel.close()
     again.close()
     server.close()
+
+
+def test_a_refused_channel_says_why_and_tries_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    channel = StreamChannel("127.0.0.1", server.getsockname()[1], "p7", tmp_path / "missing-token")
+    channel.start(lambda table: None)
+    first, _ = server.accept()
+    with first.makefile("rb") as lines:
+        assert ChannelMessage.decode(lines.readline()).hello == Hello(pod="p7")
+    first.sendall(ChannelMessage(refused="the token is not valid").encode())
+    first.close()
+    again, _ = server.accept()
+    again.close()
+    channel.close()
+    server.close()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "cannot read this pod's token" in said and "refused this pod: the token is not valid" in said
 
 
 def test_every_op_a_backend_checks_itself_has_a_check_that_names_what_it_refused() -> None:
@@ -276,26 +304,3 @@ def test_a_spare_env_has_no_start_up_worlds_and_a_live_table() -> None:
     for env in (WorkerEnv(pod=SPARE, worlds=[world], table=table).to_env(), WorkerEnv(pod=SPARE).to_env()):
         with pytest.raises(ValueError, match="MULTIWORLD_SPARE"):
             WorkerEnv.from_env({**env, "MULTIWORLD_SPARE": "replica"})
-
-
-def test_a_broken_world_event_names_the_member_a_spare_plays() -> None:
-    from kubernetes import client
-
-    from multiworld.channels.kubernetes import KubernetesChannel
-
-    bodies: list[dict[str, Any]] = []
-
-    class Core:
-        def create_namespaced_event(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
-            bodies.append(body)
-
-    channel = KubernetesChannel("kubernetes://ns/mw", SPARE, api=client.ApiClient())
-    channel.core = Core()  # type: ignore[assignment]  # a stand-in for the CoreV1Api
-    broken = BrokenWorldReport(world="w", epoch=2, reason="recv timed out", peer_rank=1, pod=SPARE)
-    channel._post_event(broken)
-    channel._post_event(broken.model_copy(update={"plays": PLAYED}))
-    assert [b["involvedObject"]["name"] for b in bodies] == [SPARE, SPARE]
-    assert [b["message"] for b in bodies] == [
-        "world w epoch 2 broken (peer rank 1): recv timed out",
-        f"world w epoch 2 broken (peer rank 1) (pod {SPARE}, playing {PLAYED}): recv timed out",
-    ]

@@ -16,7 +16,7 @@ import torch
 from harness import members
 
 from multiworld.contract import BrokenWorldReport, WorkerEnv, WorkerStatus, WorldAssignment, WorldEntry, WorldTable
-from multiworld_operator.local.channel_server import ChannelServer
+from multiworld_operator.channel_server import ChannelServer, Speaker, local_url
 from multiworld_operator.local.store_ports import free_store_ports
 
 MEMBER = Path(__file__).with_name("member.py")
@@ -68,9 +68,9 @@ class TableServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._server = ChannelServer(on_report=self._record, on_status=self._record)
-        self.url = asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(10)
+        self.url = local_url(asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(10))
 
-    def _record(self, message: BrokenWorldReport | WorkerStatus) -> None:
+    def _record(self, _: Speaker, message: BrokenWorldReport | WorkerStatus) -> None:
         with self._cond:
             if isinstance(message, BrokenWorldReport):
                 self.reports.append(message)

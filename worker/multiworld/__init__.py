@@ -1,10 +1,11 @@
 """MultiWorld: fault-isolated torch.distributed worlds.
 
-`import multiworld` loads neither torch nor kubernetes, and importing any of its modules changes
+`import multiworld` loads no torch, and importing any of its modules changes
 nothing in the process (the exit hooks come with the first WorldManager). The light modules load
 here; the runtime (`WorldManager`, `init_from_env`, `Work`) when first looked up, so that the
 operator and the planner import `multiworld.contract` alone; torch loads with the first world
-joined (or when `World` is first looked up), kubernetes only for its channel.
+joined (or when `World` is first looked up). The worker never imports kubernetes: it needs no
+Kubernetes API access (multiworld.channels.stream).
 """
 
 from __future__ import annotations

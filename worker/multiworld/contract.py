@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -33,40 +33,15 @@ ENV_NAMESPACE = "MULTIWORLD_NAMESPACE"
 # Set (to its member's name) in a warm spare: a process that waits for an identity.
 ENV_SPARE = "MULTIWORLD_SPARE"
 
-# Pod annotation a worker writes when it sees a world break (Kubernetes channel): the latest
-# BrokenWorldReport as JSON.
-REPORT_ANNOTATION = "multiworld.io/broken-world"
-# Pod annotation holding every report of the pod's current incarnation, latest per world (a JSON
-# list of BrokenWorldReport), so two worlds breaking at once cannot hide one another.
-REPORTS_ANNOTATION = "multiworld.io/broken-worlds"
-# Pod annotation holding the worker's latest WorkerStatus as JSON (Kubernetes channel).
-STATUS_ANNOTATION = "multiworld.io/worker-status"
+# Where a worker on Kubernetes proves which pod it is: a projected ServiceAccount token bound to
+# its pod, of this audience, at this path (ENV_TOKEN_FILE overrides the path). The operator
+# checks it with a TokenReview once per connection of the channel.
+TOKEN_AUDIENCE = "multiworld.io"
+TOKEN_PATH = "/var/run/secrets/multiworld.io/token"
+ENV_TOKEN_FILE = "MULTIWORLD_TOKEN_FILE"
 
-# The live world table on Kubernetes: one ConfigMap per world, `<mw>.<world>`, holding its
-# WorldEntry as JSON under TABLE_ENTRY_KEY and labelled with its MultiWorld, its world and
-# `POD_LABEL_PREFIX + pod` (the pod's rank) for each of its pods. A worker watches the ConfigMaps
-# labelled with its own pod name: its own worlds' entries and nothing else.
+# The label of every object the operator makes for a MultiWorld (its pods, Service, memory).
 NAME_LABEL = "multiworld.io/name"
-WORLD_LABEL = "multiworld.io/world"
-POD_LABEL_PREFIX = "pod.multiworld.io/"
-TABLE_ENTRY_KEY = "entry.json"
-
-
-def world_table_name(multiworld: str, world: str) -> str:
-    """The ConfigMap of one world's entry (a dot cannot occur in either name: no collisions)."""
-    return f"{multiworld}.{world}"
-
-
-def table_entry(configmap: Mapping[str, Any]) -> WorldEntry | None:
-    """The WorldEntry a world ConfigMap holds (None: it holds none); ValueError when it is
-    unreadable."""
-    raw = (configmap.get("data") or {}).get(TABLE_ENTRY_KEY)
-    return None if raw is None else WorldEntry.model_validate_json(raw)
-
-
-def pod_table_selector(multiworld: str, pod: str) -> str:
-    """The label selector of the world ConfigMaps that name `pod`."""
-    return f"{NAME_LABEL}={multiworld},{POD_LABEL_PREFIX}{pod}"
 
 
 def event_name(involved: str) -> str:
@@ -187,7 +162,7 @@ class WorkerEnv(_Model):
     pod: str
     worlds: list[WorldAssignment] = Field(default_factory=list)
     # Where live table updates come from: "" (none: the start-up worlds are final),
-    # "local://HOST:PORT" (the local runner), "kubernetes://NAMESPACE/NAME" (the MultiWorld).
+    # "local://HOST:PORT" (the local runner), "operator://HOST:PORT" (the operator).
     table: str = ""
     # A warm spare of this member: no worlds at start; `init_from_env` waits until the live
     # table gives this pod an identity.
@@ -264,21 +239,30 @@ class WorkerStatus(_Model):
     plays: str = ""
 
 
+class Hello(_Model):
+    """The first message on every connection: which pod speaks, and (on Kubernetes) its token."""
+
+    pod: str = Field(min_length=1)
+    token: str = ""
+
+
 class ChannelMessage(_Model):
     """One line on a channel (newline-delimited JSON): exactly one field is set.
 
-    Worker -> platform: `hello` (its pod name, first), `report`, `status`.
-    Platform -> worker: `table`.
+    Worker -> platform: `hello` (first), `report`, `status`.
+    Platform -> worker: `table`, or `refused` (why the platform closes this connection).
     """
 
-    hello: str | None = None
+    hello: Hello | None = None
     report: BrokenWorldReport | None = None
     status: WorkerStatus | None = None
     table: WorldTable | None = None
+    refused: str | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ChannelMessage:
-        set_fields = [k for k in ("hello", "report", "status", "table") if getattr(self, k) is not None]
+        fields = ("hello", "report", "status", "table", "refused")
+        set_fields = [k for k in fields if getattr(self, k) is not None]
         if len(set_fields) != 1:
             raise ValueError(f"a channel message carries exactly one field, got {set_fields or 'none'}")
         return self

@@ -77,9 +77,9 @@ their NetworkPolicies (spec.networkPolicy), and post Events. Used by the Cluster
   verbs: ["create"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "patch", "delete"]
-# Each MultiWorld's memory (ConfigMap <mw>) and live world table (ConfigMaps <mw>.<world>).
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# Each MultiWorld's memory (ConfigMap <mw>).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "list", "watch", "create", "update", "delete"]
+  verbs: ["get", "create", "update"]
 {{- end }}

@@ -10,10 +10,11 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar, cast
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from kubernetes.config.config_exception import ConfigException
 
-from multiworld.kube_api import MERGE_PATCH, REQUEST_TIMEOUT_S, event_body
+from multiworld_operator.kube.api_basics import MERGE_PATCH, REQUEST_TIMEOUT_S, event_body
 
 from ..spec import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
 from .bodies import COMPONENT
@@ -25,6 +26,16 @@ T = TypeVar("T")
 # Requests one reconcile step has in flight at once (creating a thousand pods one at a time
 # would take most of a minute).
 CONCURRENCY = 8
+
+
+def api_client() -> client.ApiClient:
+    """In-cluster credentials (the operator's ServiceAccount), else $KUBECONFIG or ~/.kube/config."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except ConfigException:
+        return config.new_client_from_config()
+    return client.ApiClient(configuration)
 
 
 class _NotStarted(Exception):
@@ -63,6 +74,7 @@ class KubeApi:
         self.core = client.CoreV1Api(api)
         self.networking = client.NetworkingV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.authentication = client.AuthenticationV1Api(api)
         self.timeout = timeout
 
     async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -71,14 +83,18 @@ class KubeApi:
         )
         return json.loads(response.data) if response.data else None
 
+    async def review_token(self, token: str, audience: str) -> dict[str, Any]:
+        """A TokenReview's status: whether the API server accepts `token` for `audience`, and
+        whose it is (user.username, user.extra)."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, "audiences": [audience]}}  # fmt: skip
+        review = await self._call(self.authentication.create_token_review, body)
+        return dict(review.get("status") or {})
+
     async def list_pods(self, namespace: str, label_selector: str) -> tuple[list[dict[str, Any]], str]:
         """The pods, and the resourceVersion the listing is from."""
         listing = await self._call(self.core.list_namespaced_pod, namespace, label_selector=label_selector)
         return list(listing.get("items") or []), str(listing["metadata"].get("resourceVersion", ""))
-
-    async def list_configmaps(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        listing = await self._call(self.core.list_namespaced_config_map, namespace, label_selector=label_selector)
-        return list(listing.get("items") or [])
 
     async def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self._read(self.core.read_namespaced_config_map, namespace, name)
@@ -110,13 +126,6 @@ class KubeApi:
                 return None
             raise
         return str(created["metadata"]["resourceVersion"])
-
-    async def delete_configmap(self, namespace: str, name: str) -> None:
-        try:
-            await self._call(self.core.delete_namespaced_config_map, name, namespace)
-        except ApiException as error:
-            if error.status != 404:
-                raise
 
     async def create_pod(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """The pod created; None when a pod of that name already exists."""

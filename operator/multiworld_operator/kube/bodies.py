@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import copy
 import json
+import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from multiworld.contract import ENV_NAME, ENV_NAMESPACE, NAME_LABEL
+from multiworld.contract import ENV_NAME, ENV_NAMESPACE, NAME_LABEL, TOKEN_AUDIENCE, TOKEN_PATH
 
 from ..planner import CreatePod
 from ..spec import GROUP_VERSION, KIND
@@ -24,18 +25,35 @@ ORDINAL_LABEL = "multiworld.io/ordinal"
 SPARE_LABEL = "multiworld.io/spare"
 PLAYS_LABEL = "multiworld.io/plays"
 # The planner's memory ConfigMap is labelled with its MultiWorld under a key of its own, not
-# NAME_LABEL: `kubectl delete cm -l multiworld.io/name=<mw>` (the world table) cannot take the
-# memory with it, and the operator's watch of the world table (NAME_LABEL and WORLD_LABEL)
-# leaves the memory out.
+# NAME_LABEL: `kubectl delete -l multiworld.io/name=<mw>` (its pods, say) cannot take the memory
+# with it.
 MEMORY_LABEL = "multiworld.io/memory-of"
 # The planner's stamp on each pod instance (CreatePod.created_for), read back when observing.
 CREATED_FOR_ANNOTATION = "multiworld.io/created-for"
 COMPONENT = "multiworld-operator"
 
 
-def table_url(namespace: str, name: str) -> str:
-    """Where a pod's worker follows the live world table: its MultiWorld's world ConfigMaps."""
-    return f"kubernetes://{namespace}/{name}"
+# The volume of the pod-bound token by which a worker proves its pod to the operator; the kubelet
+# renews it well before it expires.
+TOKEN_VOLUME = "multiworld-token"
+TOKEN_LIFETIME_S = 3600
+
+
+_TOKEN_MOUNT = {"name": TOKEN_VOLUME, "mountPath": posixpath.dirname(TOKEN_PATH), "readOnly": True}
+_TOKEN_SOURCE = {
+    "name": TOKEN_VOLUME,
+    "projected": {
+        "sources": [
+            {
+                "serviceAccountToken": {
+                    "audience": TOKEN_AUDIENCE,
+                    "expirationSeconds": TOKEN_LIFETIME_S,
+                    "path": posixpath.basename(TOKEN_PATH),
+                }
+            }
+        ]
+    },
+}
 
 
 def rendezvous_host(multiworld: str, rank0_pod: str) -> str:
@@ -66,17 +84,18 @@ def _quantities_as_strings(resources: dict[str, Any]) -> None:
                     amounts[name] = str(amount)
 
 
-def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]:
+def pod_body(action: CreatePod, multiworld: Mapping[str, Any], channel_url: str) -> dict[str, Any]:
     """The pod for `action`, from its member's template: our labels, the created-for stamp,
-    the worker contract's environment in every container, restartPolicy Never (the operator,
-    not the kubelet, decides what a failure costs)."""
+    the worker contract's environment in every container (its live table from the operator at
+    `channel_url`) with the pod's token mounted, restartPolicy Never (the operator, not the
+    kubelet, decides what a failure costs)."""
     meta = multiworld["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     template = copy.deepcopy(dict(action.template))
     template_meta = template.get("metadata") or {}
     spec = template.get("spec") or {}
     env = {
-        **action.worker_env(table_url(namespace, name)).to_env(),
+        **action.worker_env(channel_url).to_env(),
         ENV_NAME: name,
         ENV_NAMESPACE: namespace,
     }
@@ -86,6 +105,10 @@ def pod_body(action: CreatePod, multiworld: Mapping[str, Any]) -> dict[str, Any]
         # A worker that must stop says why in its last log lines when it could not write
         # /dev/termination-log; the operator quotes that message in the failure it reports.
         container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+        mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") != TOKEN_VOLUME]
+        container["volumeMounts"] = [*mounts, dict(_TOKEN_MOUNT)]
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != TOKEN_VOLUME]
+    spec["volumes"] = [*volumes, copy.deepcopy(_TOKEN_SOURCE)]
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         _quantities_as_strings(container.get("resources") or {})
     spec.update(restartPolicy="Never", hostname=action.pod, subdomain=name)

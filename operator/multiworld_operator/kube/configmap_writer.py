@@ -1,8 +1,7 @@
-"""Writes one MultiWorld's ConfigMaps (the planner's memory, the world table's entries), each
-replaced at the resourceVersion this operator last wrote or read, so a write never needs a read
-first while nobody else touched the ConfigMap, and never overwrites what someone else wrote
-meanwhile: the 409 ends the step, whose reconciler reads the ConfigMaps again before it plans
-again."""
+"""Writes one MultiWorld's ConfigMap (the planner's memory), replaced at the resourceVersion this
+operator last wrote or read, so a write never needs a read first while nobody else touched the
+ConfigMap, and never overwrites what someone else wrote meanwhile: the 409 ends the step, whose
+reconciler reads the memory again before it plans again."""
 
 from __future__ import annotations
 
@@ -31,7 +30,3 @@ class ConfigMapWriter:
             return False
         self._versions[name] = version
         return True
-
-    async def delete(self, name: str) -> None:
-        await self.api.delete_configmap(self.namespace, name)
-        self._versions.pop(name, None)

@@ -14,15 +14,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from kubernetes.client.rest import ApiException
 
-from multiworld.kube_api import Backoff, api_message
+from multiworld.contract import BrokenWorldReport, WorkerStatus
+from multiworld_operator.kube.api_basics import Backoff, api_message
 
+from ..channel_server import ChannelServer, Speaker
 from .api import KubeApi
+from .channel_settings import ChannelSettings
 from .errors import CreateRefused, MultiWorldGone, StepFailed
 from .reconcile import Reconciler
+from .worker_identity import PodIdentities
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +92,41 @@ class ReconcileLoop:
 
 
 class Controller:
-    """Every MultiWorld this operator serves, by (namespace, name)."""
+    """Every MultiWorld this operator serves, by (namespace, name), and the worker channel their
+    pods reach it by (tables out, statuses and reports in: a message wakes its MultiWorld's loop
+    when it is news)."""
 
     def __init__(self, api: KubeApi) -> None:
         self.api = api
         self.loops: dict[Key, ReconcileLoop] = {}
+        self.channel = ChannelServer(
+            self._worker_report, self._worker_status, PodIdentities(api, self._locate).authenticate
+        )
+        self.channel_url = ""
+
+    async def start(self, settings: ChannelSettings) -> int:
+        """Serve the worker channel on every address, as `settings` say; the port listened on."""
+        listened = await self.channel.start("0.0.0.0", settings.port)
+        self.channel_url = settings.url_for(listened)
+        log.info("worker channel on port %d; pods connect to %s", listened, self.channel_url)
+        return listened
+
+    def _locate(self, namespace: str, pod: str, uid: str) -> Key | None:
+        """The MultiWorld whose pod that instance is."""
+        for key, loop in self.loops.items():
+            if key[0] == namespace and loop.reconciler.pods.ours(pod, uid):
+                return key
+        return None
+
+    def _worker_status(self, speaker: Speaker, status: WorkerStatus) -> None:
+        loop = self.loops.get(cast(Key, speaker.group))
+        if loop is not None and loop.reconciler.worker_status(speaker, status):
+            loop.poke()
+
+    def _worker_report(self, speaker: Speaker, report: BrokenWorldReport) -> None:
+        loop = self.loops.get(cast(Key, speaker.group))
+        if loop is not None and loop.reconciler.worker_report(speaker, report):
+            loop.poke()
 
     async def multiworld_changed(self, body: Mapping[str, Any], deleted: bool) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
@@ -100,10 +134,11 @@ class Controller:
         if deleted:
             if loop is not None and loop.reconciler.uid == body["metadata"]["uid"]:
                 del self.loops[key]
+                self.channel.forget(key)
                 await loop.stop()
             return
         if loop is None or loop.task.done():
-            self.loops[key] = ReconcileLoop(Reconciler(self.api, body))
+            self.loops[key] = ReconcileLoop(Reconciler(self.api, body, self.channel, self.channel_url))
             return
         if loop.reconciler.update(body):
             loop.poke()
@@ -113,9 +148,9 @@ class Controller:
         if loop is not None and loop.reconciler.pod_changed(deleted, pod):
             loop.poke()
 
-    def table_changed(self, namespace: str, multiworld: str, deleted: bool, configmap: Mapping[str, Any]) -> None:
+    def network_policy_changed(self, namespace: str, multiworld: str, deleted: bool, policy: Mapping[str, Any]) -> None:
         loop = self.loops.get((namespace, multiworld))
-        if loop is not None and loop.reconciler.table_changed(deleted, configmap):
+        if loop is not None and loop.reconciler.network_policy_changed(deleted, policy):
             loop.poke()
 
     def service_deleted(self, namespace: str, multiworld: str) -> None:
@@ -128,3 +163,4 @@ class Controller:
         loops, self.loops = list(self.loops.values()), {}
         for loop in loops:
             await loop.stop()
+        await self.channel.close()

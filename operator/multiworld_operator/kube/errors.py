@@ -14,7 +14,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from multiworld.kube_api import EVENT_MESSAGE_MAX, api_message
+from multiworld_operator.kube.api_basics import EVENT_MESSAGE_MAX, api_message
 
 from .observe import ObjectMeta
 from .refusal import API_ERROR, CONFLICT, CREATE_REFUSED, RECONCILE_ERROR

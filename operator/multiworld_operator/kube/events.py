@@ -8,7 +8,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from multiworld.kube_api import api_message
+from multiworld_operator.kube.api_basics import api_message
 
 from .api import KubeApi
 

@@ -1,7 +1,7 @@
-"""The kopf handlers: thin. They watch MultiWorlds, the pods and Services labelled with one,
-and the world table's ConfigMaps (one deleted or written by someone else is written again at
-once; the memory's ConfigMap is not watched: memory_store.py), and wake
-that MultiWorld's reconcile loop (controller.py), which observes, plans and executes. No
+"""The kopf handlers: thin. They watch MultiWorlds, the pods, Services and NetworkPolicies
+labelled with one (the memory's ConfigMap is not watched: memory_store.py), and wake that
+MultiWorld's reconcile loop (controller.py), which observes, plans and executes. At start the
+operator begins serving the worker channel (channel_settings.py says where). No
 handler writes to the API itself, so kopf keeps no state on the MultiWorld: no finalizer, no
 annotations (deleting a MultiWorld never waits for the operator).
 """
@@ -9,18 +9,18 @@ annotations (deleting a MultiWorld never waits for the operator).
 from __future__ import annotations
 
 import asyncio
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import kopf
 
-from multiworld.channels.kubernetes import api_client
-from multiworld.contract import WORLD_LABEL
-from multiworld.kube_api import REQUEST_TIMEOUT_S
+from multiworld_operator.kube.api_basics import REQUEST_TIMEOUT_S
 
 from ..spec import API_GROUP, API_VERSION, PLURAL
-from .api import CONCURRENCY, KubeApi
+from .api import CONCURRENCY, KubeApi, api_client
 from .bodies import NAME_LABEL
+from .channel_settings import ChannelSettings
 from .controller import Controller
 
 # Watches end server-side after this long and are re-established; the client gives up a bit
@@ -55,13 +55,14 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.networking.request_timeout = REQUEST_TIMEOUT_S
     settings.networking.connect_timeout = CONNECT_TIMEOUT_S
     settings.persistence.diffbase_storage = _NoEssence()
-    # Only our pods and Services travel: the API server filters by label, not kopf after it.
-    for plural in ("pods", "services"):
-        settings.watching.label_selectors["v1", plural] = NAME_LABEL
-    settings.watching.label_selectors["v1", "configmaps"] = f"{NAME_LABEL},{WORLD_LABEL}"
+    # Only our objects travel: the API server filters by label, not kopf after it.
+    for group_version, plural in (("v1", "pods"), ("v1", "services"), ("networking.k8s.io/v1", "networkpolicies")):
+        settings.watching.label_selectors[group_version, plural] = NAME_LABEL
+    channel = ChannelSettings.from_env(os.environ)
     # Threads for the blocking client: a reconcile step keeps up to CONCURRENCY requests in flight.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2 * CONCURRENCY, "kube-api"))
     memo.controller = Controller(KubeApi(api_client()))
+    await memo.controller.start(channel)
 
 
 @kopf.on.cleanup()
@@ -91,11 +92,10 @@ async def service_event(
         memo.controller.service_deleted(namespace, labels[NAME_LABEL])
 
 
-@kopf.on.event("", "v1", "configmaps", labels={NAME_LABEL: kopf.PRESENT, WORLD_LABEL: kopf.PRESENT})
-async def table_event(
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels={NAME_LABEL: kopf.PRESENT})
+async def network_policy_event(
     event: kopf.RawEvent, namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any
 ) -> None:
-    """A world table ConfigMap changed: its MultiWorld's loop is woken when it no longer holds
-    what the operator published (TablePublisher.changed tells)."""
-    assert namespace is not None  # configmaps are namespaced
-    memo.controller.table_changed(namespace, labels[NAME_LABEL], event["type"] == "DELETED", event["object"])
+    """Deleted or edited by anyone but the operator: its MultiWorld's loop makes it whole again."""
+    assert namespace is not None  # network policies are namespaced
+    memo.controller.network_policy_changed(namespace, labels[NAME_LABEL], event["type"] == "DELETED", event["object"])

@@ -7,7 +7,7 @@ that changes it (it is not watched: each write would come back whole, up to 1 Mi
 operator; one written by someone else is read again through the 409 its next write meets). A
 memory found lost or corrupt when it is read (after an operator restart, or a 409) is rebuilt
 from what the cluster still shows (planner_memory.rebuilt_memory: the pods and their
-created-for stamps, the world table, the CR's status), no running pod deleted, and the rebuild
+created-for stamps, the CR's status), no running pod deleted, and the rebuild
 is announced by a Warning Event (MemoryRebuilt).
 """
 
@@ -19,8 +19,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from multiworld.contract import WORLD_LABEL
-from multiworld.kube_api import api_message
+from multiworld_operator.kube.api_basics import api_message
 
 from ..planner import MultiWorldStatus
 from ..spec import GROUP_VERSION, KIND
@@ -35,7 +34,6 @@ from .planner_memory import (
     read_memory,
     rebuilt_memory,
 )
-from .world_tables import published_entry
 
 log = logging.getLogger(__name__)
 
@@ -86,23 +84,18 @@ class PlannerMemoryStore:
         self.loaded = True
 
     async def _rebuild(self, view: Mapping[str, Any] | None, why: str) -> None:
-        """The memory rebuilt from the pods, the world table and `view`; announced."""
+        """The memory rebuilt from the pods and `view`; announced."""
         items, _ = await self.api.list_pods(self.namespace, selector(self.name))
         pods = [see_pod(item, self.uid) for item in items]
-        entries = []
-        for item in await self.api.list_configmaps(self.namespace, f"{selector(self.name)},{WORLD_LABEL}"):
-            entry = published_entry(item) if ObjectMeta.model_validate(item["metadata"]).owned_by(self.uid) else None
-            if entry is not None:
-                entries.append(entry)
         self.stored = None
-        self.remembered = rebuilt_memory(view, pods, entries)
+        self.remembered = rebuilt_memory(view, pods)
         if self.remembered is None:
             message = f"{why}: every world starts afresh"
         else:
             message = (
-                f"{why}: rebuilt from {len(self.remembered.pods)} pod(s) and their created-for stamps, "
-                f"{len(entries)} world table ConfigMap(s) and the status; each world keeps its epoch and "
-                "restart count, its restart budget counts from its last failure"
+                f"{why}: rebuilt from {len(self.remembered.pods)} pod(s), their created-for stamps and the "
+                "status; each world keeps its epoch and restart count, its restart budget counts from its "
+                "last failure"
             )
         log.warning("%s/%s: %s", self.namespace, self.name, message)
         involved = {

@@ -1,6 +1,6 @@
 """One MultiWorld's headless Service (DNS for its pods) and NetworkPolicy (bodies.py holds the
 bodies), made to exist as its spec wants: the Service until it is seen deleted, the policy once
-per spec generation."""
+per spec generation and again whenever the watch shows it deleted or edited by anyone else."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ..spec import MultiWorld
 from .api import KubeApi
 from .bodies import declared_ports, network_policy_body, service_body
 from .errors import not_ours
+from .observe import ObjectMeta
 
 
 class Networking:
@@ -18,12 +19,24 @@ class Networking:
         self.api = api
         self.namespace, self.name, self.uid = namespace, name, uid
         self._service_known = False
-        # The spec generation whose NetworkPolicy was last made to match (None: not yet).
+        # The spec generation whose NetworkPolicy was last made to match (None: not yet), and
+        # the policy's spec as made then (None: none wanted).
         self._policy_checked: int | None = None
+        self._policy_spec: dict[str, Any] | None = None
 
     def service_deleted(self) -> None:
         """The Service went: the next ensure_service creates it again."""
         self._service_known = False
+
+    def policy_changed(self, deleted: bool, policy: Mapping[str, Any]) -> bool:
+        """Our NetworkPolicy as the watch reported it; True when it is no longer as made (the
+        next ensure_network_policy makes it so again)."""
+        if not ObjectMeta.model_validate(policy["metadata"]).owned_by(self.uid) or self._policy_spec is None:
+            return False
+        if not deleted and policy.get("spec") == self._policy_spec:
+            return False  # our own write coming back
+        self._policy_checked = None
+        return True
 
     async def ensure_service(self, body: Mapping[str, Any]) -> str | None:
         """Create the Service unless it is known to exist; why it cannot be ours, if its name is
@@ -52,9 +65,11 @@ class Networking:
                 taken = not_ours("NetworkPolicy", self.name, found, self.uid)
                 if taken:
                     return taken
-                if found is not None and found["spec"] != policy["spec"]:  # the declared ports changed
+                if found is not None and found["spec"] != policy["spec"]:  # the declared ports changed, or edited
                     await self.api.patch_network_policy(self.namespace, self.name, {"spec": policy["spec"]})
+            self._policy_spec = policy["spec"]
         else:
+            self._policy_spec = None
             found = await self.api.read_network_policy(self.namespace, self.name)
             if found is not None and not not_ours("NetworkPolicy", self.name, found, self.uid):
                 await self.api.delete_network_policy(self.namespace, self.name, found["metadata"]["uid"])

@@ -5,8 +5,9 @@
   same name (waiting for the garbage collector) is not ours, but it still holds its name.
 - A pod being deleted is gone for the planner (a deleted pod is a failed one); it keeps its name
   until the API forgets it, so nothing is created in its place before then.
-- `created_for` comes back from the pod's annotation; the worker's WorkerStatus and its
-  BrokenWorldReports come from the annotations its Kubernetes channel writes.
+- `created_for` comes back from the pod's annotation; what its worker holds (WorkerStatus) and
+  the reports the operator accepted from workers come from the worker channel (worker_inbox.py),
+  never from anything a worker could write into the API.
 """
 
 from __future__ import annotations
@@ -18,22 +19,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from multiworld.contract import (
-    REPORT_ANNOTATION,
-    REPORTS_ANNOTATION,
-    STATUS_ANNOTATION,
-    BrokenWorldReport,
-    WorkerStatus,
-)
+from multiworld.contract import BrokenWorldReport, WorkerStatus
 
 from ..planner import PodObservation, PodPhase
 from .bodies import CREATED_FOR_ANNOTATION, MEMBER_LABEL, ORDINAL_LABEL, PLAYS_LABEL
 
 log = logging.getLogger(__name__)
 
-_REPORT = TypeAdapter(BrokenWorldReport)
-_REPORT_LIST = TypeAdapter(list[BrokenWorldReport])
-_STATUS = TypeAdapter(WorkerStatus)
 _CREATED_FOR = TypeAdapter(dict[str, int])
 _PHASES: dict[str, PodPhase] = {
     "Pending": "Pending",
@@ -173,7 +165,6 @@ class SeenPod(BaseModel):
     observation: PodObservation | None = None
     # Ours and being deleted (with a grace period: a pod deleted at once is gone).
     terminating: bool = False
-    reports: list[BrokenWorldReport] = Field(default_factory=list)
     # A warm spare's label: the member pod it plays ("" when it plays none, or is no spare).
     plays: str = ""
 
@@ -184,8 +175,7 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
     if not meta.owned_by(owner_uid):
         return SeenPod(name=meta.name, uid=meta.uid)
     if meta.deletion_timestamp is not None:
-        return SeenPod(name=meta.name, uid=meta.uid, terminating=True, reports=_reports(meta))
-    worker = _annotation(meta, STATUS_ANNOTATION, _STATUS)
+        return SeenPod(name=meta.name, uid=meta.uid, terminating=True)
     observation = PodObservation(
         name=meta.name,
         member=meta.labels.get(MEMBER_LABEL, ""),
@@ -195,41 +185,38 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
         waiting=pod.status.waiting if pod.status.phase == "Pending" else "",
         started=pod.status.started,
         created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
-        joined=None if worker is None else dict(worker.joined),
-        joining={} if worker is None else dict(worker.joining),
-        warm=worker is not None and worker.waiting,
     )
     return SeenPod(
         name=meta.name,
         uid=meta.uid,
-        reports=_reports(meta),
         plays=meta.labels.get(PLAYS_LABEL, ""),
         observation=observation,
     )
 
 
-def observe_pods(pods: Iterable[SeenPod]) -> ObservedPods:
-    seen = ObservedPods()
+def observe_pods(
+    pods: Iterable[SeenPod], workers: Mapping[str, WorkerStatus], reports: Iterable[BrokenWorldReport]
+) -> ObservedPods:
+    """The pods with what their workers hold (`workers`: pod uid -> its latest WorkerStatus, so a
+    new instance of a pod never inherits its predecessor's), and the reports accepted."""
+    seen = ObservedPods(reports=list(reports))
     for pod in pods:
         seen.present[pod.name] = pod.uid
-        seen.reports += pod.reports
         if pod.terminating:
             seen.terminating.add(pod.name)
         elif pod.observation is not None:
-            seen.pods.append(pod.observation)
+            worker = workers.get(pod.uid)
+            observation = pod.observation
+            if worker is not None:
+                observation = observation.model_copy(
+                    update={"joined": dict(worker.joined), "joining": dict(worker.joining), "warm": worker.waiting}
+                )
+            seen.pods.append(observation)
     return seen
 
 
 def _ordinal(value: str | None) -> int:
     return int(value) if value is not None and value.isdigit() else 0
-
-
-def _reports(meta: ObjectMeta) -> list[BrokenWorldReport]:
-    reports = list(_annotation(meta, REPORTS_ANNOTATION, _REPORT_LIST) or [])
-    latest = _annotation(meta, REPORT_ANNOTATION, _REPORT)
-    if latest is not None and latest not in reports:
-        reports.append(latest)
-    return reports
 
 
 def _annotation(meta: ObjectMeta, key: str, shape: TypeAdapter[Any]) -> Any:

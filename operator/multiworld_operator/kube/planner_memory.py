@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from multiworld.contract import WorldEntry, WorldTable
+from multiworld.contract import WorldTable
 
 from ..planner.status import MultiWorldStatus, PodRecord, WorldStatus
 from .bodies import MEMORY_LABEL, owner_reference
@@ -100,24 +100,20 @@ def loaded_status(memory: Mapping[str, Any] | None) -> MultiWorldStatus | None:
         raise CorruptMemory(f"{MEMORY_KEY} is not the planner's status: {error}") from None
 
 
-def rebuilt_memory(
-    view: Mapping[str, Any] | None, pods: Iterable[SeenPod], entries: Iterable[WorldEntry]
-) -> MultiWorldStatus | None:
+def rebuilt_memory(view: Mapping[str, Any] | None, pods: Iterable[SeenPod]) -> MultiWorldStatus | None:
     """The planner's memory rebuilt from what the cluster still shows, when it was lost: the
-    CR's status (each world's phase, epoch, restarts and last failure; the conditions), the
-    world table's ConfigMaps (each world's pods in rank order, its backend; the table), and our
+    CR's status (each world's phase, epoch, restarts and last failure; the conditions) and our
     pods (a record of each instance from its created-for stamp, which warm spare plays which
     member pod). Every pod found is recorded as observed, so none is deleted as unknown; each
     world's epoch is the highest any of them shows. A world's restarts within its window are
     not known: the last failure counts as one (the rest of the budget is given back). What it
     cannot rebuild: warm spares that play nothing (their template is not known: they are
-    replaced), the rank list of a world whose table ConfigMap is gone too (its pods stay and
-    join a new epoch). None when there is nothing to rebuild from."""
+    replaced), the table (the first step publishes it afresh, and every world's pods join it
+    at a new epoch). None when there is nothing to rebuild from."""
     try:
         status = MultiWorldStatus.from_dict(view) if view and view.get("worlds") else None
     except ValueError:
         status = None
-    tables = {entry.name: entry for entry in entries}
     if status is None:
         return None
     pods_seen = list(pods)
@@ -129,27 +125,22 @@ def rebuilt_memory(
             continue
         if pod.plays:  # a warm spare's stamp is the epochs it was given a member pod at
             spares[pod.plays] = pod.name
-            created_for = {e.name: e.instances.get(pod.name, e.epoch) for e in tables.values() if pod.name in e.pods}
-            records[pod.plays] = PodRecord(created_for=created_for, observed=True, spare=pod.name)
+            records[pod.plays] = PodRecord(created_for=dict(seen.created_for), observed=True, spare=pod.name)
         elif seen.created_for:
             records[pod.name] = PodRecord(created_for=dict(seen.created_for), observed=True)
     worlds: dict[str, WorldStatus] = {}
     for name, world in status.worlds.items():
-        entry = tables.get(name)
         epochs = [world.epoch, *(r.created_for[name] for r in records.values() if name in r.created_for)]
-        update: dict[str, Any] = {"epoch": max(epochs if entry is None else [*epochs, entry.epoch])}
-        if entry is not None:
-            update.update(pods=[entry.plays.get(pod, pod) for pod in entry.pods], backend=entry.backend)
+        update: dict[str, Any] = {"epoch": max(epochs)}
         if world.last_failure is not None and world.restarts:
             update.update(recent_restarts=[world.last_failure.time], earlier_restarts=[])
         worlds[name] = world.model_copy(update=update)
-    table = WorldTable(worlds=[tables[n] for n in worlds if n in tables])
     serials = [_spare_serial(pod.name) for pod in pods_seen if SPARE_MARK in pod.name]
     return status.model_copy(
         update={
             "worlds": worlds,
             "pods": records,
-            "table": table,
+            "table": WorldTable(),
             "played_by": dict(spares),
             "spare_serial": max((s + 1 for s in serials if s is not None), default=0),
         }

@@ -37,6 +37,11 @@ class PodCache:
     def pods(self) -> list[SeenPod]:
         return [pod for _, pod in self._pods.values()]
 
+    def ours(self, pod: str, uid: str) -> bool:
+        """Whether that instance (by uid) is one of this MultiWorld's pods and not being deleted."""
+        cached = self._pods.get(pod)
+        return cached is not None and cached[1].uid == uid and cached[1].observation is not None
+
     def listed(self, items: Sequence[Mapping[str, Any]], version: str) -> None:
         """Take a listing made at resourceVersion `version`; what the watch reported since wins."""
         at = _version(version)

@@ -13,13 +13,7 @@ from collections import defaultdict
 
 from multiworld.contract import WorldTable
 
-from ..spec import MultiWorld
-
-# Below the kernel's ephemeral ports (Linux: 32768+), so no socket gets one unasked (an outgoing
-# connection, a listener on port 0) while rank 0 does not serve it; `multiworld run` draws from
-# here too.
-PORT_BASE = 20000
-PORT_SPAN = 10000
+from ..spec import PORT_BASE, PORT_SPAN, MultiWorld
 
 
 def preferred_port(world: str) -> int:

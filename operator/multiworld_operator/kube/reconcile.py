@@ -7,20 +7,23 @@ The planner runs in a worker thread (one MultiWorld's plan never holds up anothe
 plan that deletes pods is followed by a plan from its status that sees them gone (they are
 deleted at once), so their replacements go out in the same step. Execution then follows the
 planner's order, with the memory first: the memory (the ConfigMap named like the MultiWorld:
-memory_store.py), which accounts for every delete and create below; deletes; the live table (one
-ConfigMap per world that changed: table_publisher.py); creates; the labels of warm spares given
-a member pod to play (their workers learn it from the table); the CR's status (the view kubectl
-shows, written after the creates: on a MultiWorld of thousands of worlds the API server takes a
-moment over it: status_writer.py); Events (events.py). The Service and the NetworkPolicy
-(networking.py) are made to exist before any of it.
+memory_store.py), which accounts for every delete and create below; deletes; the live table (to
+the workers' channel: each connected pod gets its own worlds' entries where they changed);
+creates; the labels of warm spares given a member pod to play (their workers learn it from the
+table); the CR's status (the view kubectl shows, written after the creates: on a MultiWorld of
+thousands of worlds the API server takes a moment over it: status_writer.py); Events (events.py).
+The Service and the NetworkPolicy (networking.py) are made to exist before any of it.
 A crash (or a refused write) anywhere leaves the memory stored before what it speaks of: nothing
 is deleted that it does not account for, and the next step only deletes, publishes and creates
 what is still missing. A failed API call ends the step with a StepFailed that says what failed
-(errors.py), which the loop shows and retries (controller.py); a 409 (someone else wrote one of
-our ConfigMaps) makes the next step read the memory and the table again.
+(errors.py), which the loop shows and retries (controller.py); a 409 (someone else wrote the
+memory's ConfigMap) makes the next step read the memory again.
 
-API writes for one world failure: that world's pods (deletes and creates), its ConfigMap, the
-memory, one status patch and its Events; nothing scales with the number of other worlds.
+What workers say (their status, their reports) comes over the worker channel, from the pod that
+says it (worker_identity.py), and is checked against the published table (worker_inbox.py).
+
+API writes for one world failure: that world's pods (deletes and creates), the memory, one status
+patch and its Events; nothing scales with the number of other worlds.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from typing import Any, NamedTuple, NoReturn
 
 from kubernetes.client.rest import ApiException
 
-from multiworld.kube_api import api_message
+from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldTable
+from multiworld_operator.kube.api_basics import api_message
 
+from ..channel_server import ChannelServer, Speaker
 from ..planner import CreatePod, EmitEvent, MultiWorldStatus, Observation, Plan, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
 from .api import KubeApi, gather_bounded
@@ -49,7 +54,7 @@ from .pod_cache import PodCache
 from .ports import world_ports
 from .refusal import CREATE_REFUSED, INVALID_SPEC
 from .status_writer import StatusWriter
-from .table_publisher import TablePublisher
+from .worker_inbox import REPORT_REFUSED, WorkerInbox
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +75,14 @@ REPLANS = 3
 
 class Reconciler:
     """Reconciles one MultiWorld. `body` is its latest manifest as watched. What this reconciler
-    wrote (the memory, the status view, the table's entries) is remembered, since a watched
-    body may lag behind our own writes."""
+    wrote (the memory, the status view) is remembered, since a watched body may lag behind our
+    own writes. The table goes to the workers through `channel`, which pods reach at
+    `channel_url`."""
 
-    def __init__(self, api: KubeApi, body: Mapping[str, Any]) -> None:
+    def __init__(self, api: KubeApi, body: Mapping[str, Any], channel: ChannelServer, channel_url: str) -> None:
         self.api = api
+        self.channel = channel
+        self.channel_url = channel_url
         self.body: dict[str, Any] = dict(body)
         self._start_afresh()
         # The error the last steps failed with, reported once (None once a step succeeds).
@@ -84,12 +92,18 @@ class Reconciler:
         """Forget what was known of an earlier MultiWorld of this name."""
         namespace, name, uid = self.namespace, self.name, self.uid
         self.pods = PodCache(uid)
-        # The memory and the table as published, read once (see _load).
+        self.inbox = WorkerInbox()
+        # The memory, read once (see _load).
         self._read_again()
         self.status = StatusWriter(self.api, namespace, name, self.body.get("status"))
         self.networking = Networking(self.api, namespace, name, uid)
         self.events = MultiWorldEvents(self.api, self.body)
         self._parsed: tuple[tuple[str, int | None], MultiWorld] | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """This MultiWorld's group on the worker channel."""
+        return self.namespace, self.name
 
     @property
     def namespace(self) -> str:
@@ -119,10 +133,27 @@ class Reconciler:
         """A pod of this MultiWorld as the watch reported it; True when it is news."""
         return self.pods.changed(deleted, pod)
 
-    def table_changed(self, deleted: bool, configmap: Mapping[str, Any]) -> bool:
-        """A world table ConfigMap changed: True when it no longer holds what was published (the
-        next step writes it again)."""
-        return self.table.changed(deleted, configmap)
+    def worker_status(self, speaker: Speaker, status: WorkerStatus) -> bool:
+        """What a pod's worker holds now; True when it is news for the planner."""
+        return self.pods.ours(speaker.pod, speaker.uid) and self.inbox.status(speaker.uid, status)
+
+    def worker_report(self, speaker: Speaker, report: BrokenWorldReport) -> bool:
+        """A pod's worker saw a world break; True when the report counts (or waits for the table
+        to be known) or was refused (to be said on the MultiWorld)."""
+        if not self.pods.ours(speaker.pod, speaker.uid):
+            return False  # an instance already replaced: what it saw is history
+        self.inbox.report(speaker.pod, report, self._published)
+        return True
+
+    @property
+    def _published(self) -> WorldTable | None:
+        """The table as last published (None until the memory is read)."""
+        remembered = self.memory.remembered if self.memory.loaded else None
+        return remembered.table if remembered is not None else (WorldTable() if self.memory.loaded else None)
+
+    def network_policy_changed(self, deleted: bool, policy: Mapping[str, Any]) -> bool:
+        """The NetworkPolicy changed: True when it is no longer as made (the next step restores it)."""
+        return self.networking.policy_changed(deleted, policy)
 
     def service_deleted(self) -> None:
         """The MultiWorld's Service went: the next step creates it again."""
@@ -157,7 +188,7 @@ class Reconciler:
         except SpecError as error:
             await self._refuse(body, error.problems)
             return None
-        with failing_as("reading the operator's memory and the world table"):
+        with failing_as("reading the operator's memory"):
             await self._load()
         if self.pods.stale():
             with failing_as("listing the pods"):
@@ -171,7 +202,9 @@ class Reconciler:
                 await self._refused([taken])
         # The planner runs off the event loop: a MultiWorld of thousands of pods plans for a
         # while, and every other MultiWorld's loop goes on meanwhile.
-        planned = await asyncio.to_thread(self._plan_step, multiworld, self.memory.remembered, self.pods.pods())
+        pods = self.pods.pods()
+        workers, reports = self.inbox.current(self._published or WorldTable(), {pod.uid for pod in pods})
+        planned = await asyncio.to_thread(self._plan_step, multiworld, self.memory.remembered, pods, workers, reports)
         result, seen = planned.result, planned.seen
         with failing_as(f"storing the operator's memory (ConfigMap {self.name})"):
             refused = await self.memory.remember(body, result.status)
@@ -179,20 +212,27 @@ class Reconciler:
             await self._refused([refused])  # nothing goes out before the memory
         with failing_as("deleting pods"):
             await gather_bounded(self._delete_pod(pod, uid) for pod, uid in planned.deletes.items())
-        with failing_as("writing the world table"):
-            failures = await self.table.publish(body, result.table)
+        self.channel.publish(result.table, self.key)
         with failing_as("creating pods"):
-            failures += [f for f in await gather_bounded(self._create(body, c, seen) for c in result.creates) if f]
+            failures = [f for f in await gather_bounded(self._create(body, c, seen) for c in result.creates) if f]
         with failing_as("labelling warm spares"):
             await self._label_spares(multiworld, result.status)
         with failing_as("writing the status"):
             await self.status.show(result.status)
         await gather_bounded(self.events.post(e.type, e.reason, e.message) for e in planned.events)
+        await gather_bounded(self.events.post("Warning", REPORT_REFUSED, m) for m in self.inbox.take_refusals())
         if failures:
             await self._refused(failures)
         return result.requeue_after
 
-    def _plan_step(self, multiworld: MultiWorld, previous: MultiWorldStatus | None, pods: list[SeenPod]) -> Planned:
+    def _plan_step(
+        self,
+        multiworld: MultiWorld,
+        previous: MultiWorldStatus | None,
+        pods: list[SeenPod],
+        workers: Mapping[str, WorkerStatus],
+        reports: list[BrokenWorldReport],
+    ) -> Planned:
         """The step's plan, in a worker thread (pure: it only reads its arguments). A plan that
         deletes pods is followed by one from its status that sees them gone, so that their
         replacements are created in this step rather than on the next watch event; the last
@@ -200,7 +240,7 @@ class Reconciler:
         deletes: dict[str, str] = {}
         events: list[EmitEvent] = []
         for _ in range(REPLANS):
-            seen = observe_pods(pods)
+            seen = observe_pods(pods, workers, reports)
             result = self._plan(multiworld, previous, seen)
             events += result.events
             batch = {
@@ -219,20 +259,16 @@ class Reconciler:
         return Planned(result, seen, deletes, events)
 
     def _read_again(self) -> None:
-        """Someone else wrote one of this MultiWorld's ConfigMaps meanwhile: forget what was
-        written, so the next step reads the memory and the table again and plans from them."""
-        configmaps = ConfigMapWriter(self.api, self.namespace)
-        self.memory = PlannerMemoryStore(self.api, self.namespace, self.name, self.uid, configmaps)
-        self.table = TablePublisher(self.api, self.namespace, self.name, self.uid, configmaps)
-        self.loaded = False
+        """Someone else wrote the memory's ConfigMap meanwhile: forget what was written, so the
+        next step reads the memory again and plans from it."""
+        self.memory = PlannerMemoryStore(
+            self.api, self.namespace, self.name, self.uid, ConfigMapWriter(self.api, self.namespace)
+        )
 
     async def _load(self) -> None:
-        """Once: the memory and the table's entries as published."""
-        if self.loaded:
-            return
-        await self.memory.load(self.status.view)
-        await self.table.load()
-        self.loaded = True
+        """Once: the memory."""
+        if not self.memory.loaded:
+            await self.memory.load(self.status.view)
 
     def _plan(self, multiworld: MultiWorld, previous: MultiWorldStatus | None, seen: ObservedPods) -> Plan:
         ports = world_ports(multiworld, previous.table if previous else None)
@@ -261,7 +297,7 @@ class Reconciler:
         if create.pod in seen.present:
             return None  # created once the old instance (or an older MultiWorld's pod) is gone
         try:
-            created = await self.api.create_pod(self.namespace, pod_body(create, body))
+            created = await self.api.create_pod(self.namespace, pod_body(create, body, self.channel_url))
         except ApiException as error:
             if error.status is not None and error.status >= 500:
                 raise
@@ -273,7 +309,7 @@ class Reconciler:
 
     async def _label_spares(self, multiworld: MultiWorld, status: MultiWorldStatus) -> None:
         """A warm spare that plays a member pod says which in its labels, for people (its
-        worker learns it from the table, written before)."""
+        worker learns it from the table, published before)."""
         if not status.played_by:
             return
         plays = {pod.name: pod.plays for pod in self.pods.pods()}

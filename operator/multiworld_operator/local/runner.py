@@ -3,7 +3,7 @@
 Each pod of the manifest becomes a local process; the planner decides everything, exactly as
 in Kubernetes. This module only observes (process exits, worker reports and status over the
 local channel: pod_processes.py) and executes (start, kill: pod_processes.py and launcher.py;
-publish the world table: channel_server.py), injects the faults asked for (faults.py) and
+publish the world table: ../channel_server.py), injects the faults asked for (faults.py) and
 follows the manifest's edits (manifest_follower.py). run_command.py turns the command line
 into a LocalRunner.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from multiworld.contract import Backend
 
+from ..channel_server import ChannelServer, local_url
 from ..planner import (
     Action,
     AssignSpare,
@@ -32,7 +33,6 @@ from ..planner import (
     plan,
 )
 from ..spec import MultiWorld
-from .channel_server import ChannelServer
 from .faults import FaultSchedule, Kill, SuspendWindow, kill_target
 from .gpus import cuda_device_count, gpu_env
 from .launcher import MemberLauncher, check_commands, member_commands
@@ -102,7 +102,10 @@ class LocalRunner:
         self.pods = PodProcesses(self.launcher, self.view, self.changed.set)
         worlds = [w.name for w in multiworld.spec.worlds]
         self.ports = dict(zip(worlds, free_store_ports(len(worlds)), strict=True))
-        self.server = ChannelServer(on_report=self.pods.on_report, on_status=self.pods.on_status)
+        self.server = ChannelServer(
+            on_report=lambda _, report: self.pods.on_report(report),
+            on_status=lambda _, status: self.pods.on_status(status),
+        )
 
     # --- outputs ------------------------------------------------------------------------
     async def _execute(self, actions: list[Action]) -> None:
@@ -140,7 +143,7 @@ class LocalRunner:
         return self.pods.all_succeeded()
 
     async def run(self) -> RunSummary:
-        self.launcher.table_url = await self.server.start()
+        self.launcher.table_url = local_url(await self.server.start())
         self.view.event(f"member logs in {self.log_dir}")
         started = time.monotonic()
         endpoint = lambda world, _rank0_pod: ("127.0.0.1", self.ports[world])  # noqa: E731

@@ -1,5 +1,4 @@
-"""Channel selection by the scheme of MULTIWORLD_TABLE; channel modules load lazily, so the
-worker never imports kubernetes unless it is told to use it."""
+"""Channel selection by the scheme of MULTIWORLD_TABLE; channel modules load lazily."""
 
 from __future__ import annotations
 
@@ -9,14 +8,14 @@ from multiworld.channels.base import Channel, TableCallback
 from multiworld.contract import ENV_TABLE
 
 SCHEMES = {
-    "local": "multiworld.channels.local",
-    "kubernetes": "multiworld.channels.kubernetes",
+    "local": "multiworld.channels.stream",
+    "operator": "multiworld.channels.stream",
 }
 
 
 def open_channel(url: str, pod: str) -> Channel:
     """ "" -> none (static env), "local://HOST:PORT" -> the local runner,
-    "kubernetes://NAMESPACE/NAME" -> the MultiWorld resource."""
+    "operator://HOST:PORT" -> the operator."""
     if not url.strip():
         module = importlib.import_module("multiworld.channels.none")
     else:
@@ -34,7 +33,7 @@ def open_channel(url: str, pod: str) -> Channel:
 
 
 def _choices() -> str:
-    return "use '' for none, 'local://HOST:PORT' or 'kubernetes://NAMESPACE/NAME'"
+    return "use '' for none, 'local://HOST:PORT' or 'operator://HOST:PORT'"
 
 
 __all__ = ["SCHEMES", "Channel", "TableCallback", "open_channel"]

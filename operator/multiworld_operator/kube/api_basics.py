@@ -1,9 +1,6 @@
-"""What the worker's Kubernetes channel (multiworld.channels.kubernetes) and the operator
-(multiworld_operator.kube) write to the Kubernetes API alike: the request timeout, the merge
-patch content type, Event bodies, the retry backoff and the text of an API error.
-
-Imports no kubernetes (an error is read by its attributes), so the worker may import it anywhere;
-the operator imports it from here (it may import the worker's package, never the reverse).
+"""The operator's basics of talking to the Kubernetes API: the request timeout, the merge patch
+content type, Event bodies, the retry backoff and the text of an API error (read by its
+attributes: no kubernetes import, so the test harness and benches use it as they are).
 """
 
 from __future__ import annotations

@@ -1,0 +1,171 @@
+"""The platform's end of the worker channel (both platforms): a TCP server speaking
+`ChannelMessage` lines (multiworld.channels.stream is the worker's end).
+
+Each connection opens with a hello, which `authenticate` turns into a `Speaker` (the local
+runner trusts its own processes; the operator checks the pod's token: kube/worker_identity.py)
+or refuses, with a reason sent back before the connection closes. From then on, what arrives on
+it is that speaker's, whatever the messages claim (their `pod` is overwritten), and the server
+pushes that pod its part of its group's world table (the entries of its own worlds: a change
+elsewhere sends it nothing). A group is one MultiWorld.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldTable
+
+log = logging.getLogger(__name__)
+
+# The local runner serves one MultiWorld: every speaker is in this group.
+LOCAL: Hashable = ""
+# A first line longer than this is no hello: the connection is closed.
+MAX_LINE = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Speaker:
+    """Who is at the other end of one connection: a pod (and its uid, on Kubernetes) of `group`."""
+
+    group: Hashable
+    pod: str
+    uid: str = ""
+
+
+class Refused(Exception):
+    """A hello that does not prove who speaks; the message is sent to the worker."""
+
+
+Authenticate = Callable[[Hello], Awaitable[Speaker]]
+
+
+def local_url(port: int) -> str:
+    """What the local runner's processes are told to connect to (MULTIWORLD_TABLE)."""
+    return f"local://127.0.0.1:{port}"
+
+
+async def trust_hello(hello: Hello) -> Speaker:
+    """The local runner's processes are the user's own: a hello is who it says."""
+    return Speaker(LOCAL, hello.pod)
+
+
+class ChannelServer:
+    def __init__(
+        self,
+        on_report: Callable[[Speaker, BrokenWorldReport], None],
+        on_status: Callable[[Speaker, WorkerStatus], None],
+        authenticate: Authenticate = trust_hello,
+    ) -> None:
+        self._on_report = on_report
+        self._on_status = on_status
+        self._authenticate = authenticate
+        self._tables: dict[Hashable, WorldTable] = {}
+        self._writers: dict[tuple[Hashable, str], asyncio.StreamWriter] = {}
+        # Per pod: the entries last sent to it.
+        self._sent: dict[tuple[Hashable, str], WorldTable] = {}
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on `host`:`port` (0: a free port); the port listened on."""
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE)
+        listened: int = self._server.sockets[0].getsockname()[1]
+        return listened
+
+    def publish(self, table: WorldTable, group: Hashable = LOCAL) -> None:
+        """Send each connected pod of `group` its part of `table` where that part changed (and
+        later ones theirs on hello)."""
+        if self._tables.get(group) == table:
+            return
+        self._tables[group] = table
+        for (pod_group, pod), writer in list(self._writers.items()):
+            if pod_group == group:
+                self._send(group, pod, writer)
+
+    def forget(self, group: Hashable) -> None:
+        """The group is gone (its MultiWorld deleted): close its connections, drop its table."""
+        self._tables.pop(group, None)
+        for key in [key for key in self._writers if key[0] == group]:
+            self._writers.pop(key).close()
+            self._sent.pop(key, None)
+
+    def _send(self, group: Hashable, pod: str, writer: asyncio.StreamWriter) -> None:
+        table = self._tables.get(group)
+        if table is None:
+            return  # nothing published yet: sent with the first table
+        part = table.for_pod(pod)
+        sent = self._sent.get((group, pod))
+        if sent is not None and sent.worlds == part.worlds:
+            return
+        try:
+            writer.write(ChannelMessage(table=part).encode())
+        except (ConnectionError, RuntimeError):
+            self._writers.pop((group, pod), None)
+            return
+        self._sent[(group, pod)] = part
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        speaker: Speaker | None = None
+        try:
+            speaker = await self._greet(reader, writer)
+            if speaker is None:
+                return
+            while line := await reader.readline():
+                self._receive(speaker, line)
+        except (ConnectionError, ValueError, asyncio.IncompleteReadError):
+            pass  # gone, or a line over MAX_LINE: the worker reconnects
+        finally:
+            if speaker is not None and self._writers.get((speaker.group, speaker.pod)) is writer:
+                del self._writers[(speaker.group, speaker.pod)]
+            writer.close()
+
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Speaker | None:
+        """The speaker of a new connection, which gets its part of the table; None (refused,
+        and told why) unless the first line is a hello that proves who speaks."""
+        try:
+            hello = ChannelMessage.decode(await reader.readline()).hello
+            if hello is None:
+                raise Refused("the first message on a connection must be a hello")
+            speaker = await self._authenticate(hello)
+        except (Refused, ValidationError) as refusal:
+            reason = str(refusal) if isinstance(refusal, Refused) else "the first line is not a channel message"
+            log.warning("channel: refused a connection from %s: %s", _peer(writer), reason)
+            writer.write(ChannelMessage(refused=reason).encode())
+            await writer.drain()
+            return None
+        key = (speaker.group, speaker.pod)
+        previous = self._writers.get(key)
+        if previous is not None and previous is not writer:
+            previous.close()  # the pod's older connection (a process that restarted, say)
+        self._writers[key] = writer
+        self._sent.pop(key, None)  # a new process of that pod: it knows nothing yet
+        self._send(speaker.group, speaker.pod, writer)
+        return speaker
+
+    def _receive(self, speaker: Speaker, line: bytes) -> None:
+        try:
+            message = ChannelMessage.decode(line)
+        except ValidationError as exc:
+            log.warning("channel: bad message from pod %s: %s", speaker.pod, exc)
+            return
+        if message.report is not None:
+            self._on_report(speaker, message.report.model_copy(update={"pod": speaker.pod}))
+        elif message.status is not None:
+            self._on_status(speaker, message.status.model_copy(update={"pod": speaker.pod}))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for writer in self._writers.values():
+                writer.close()
+            self._writers.clear()
+            await self._server.wait_closed()
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    address = writer.get_extra_info("peername")
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)

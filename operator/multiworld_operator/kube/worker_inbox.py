@@ -1,0 +1,93 @@
+"""What one MultiWorld's workers told the operator over the worker channel (pure): each pod
+instance's latest WorkerStatus, and the reports accepted.
+
+A report counts only when its pod (authenticated: worker_identity.py) holds a rank in the world
+it names at that world's current epoch in the table the operator published. A report for a world
+the pod is not in, or for an epoch the world has not reached, is refused and said on the
+MultiWorld (a Warning Event naming the pod, once per pod and world); one for an epoch already
+past is a report that crossed the new table in flight, dropped quietly. Accepted reports last
+only as long as the epoch they name.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldTable
+
+log = logging.getLogger(__name__)
+
+# The Warning Event that says a report was refused.
+REPORT_REFUSED = "ReportRefused"
+# Refusals remembered (to say each once); forgotten all at once beyond this.
+MAX_WARNED = 1024
+
+
+class WorkerInbox:
+    def __init__(self) -> None:
+        # Pod uid -> its worker's latest status.
+        self.statuses: dict[str, WorkerStatus] = {}
+        # (world, pod) -> the latest report accepted.
+        self._reports: dict[tuple[str, str], BrokenWorldReport] = {}
+        # Reports that came before the operator knew the table (it had just started): checked
+        # with the first table.
+        self._unchecked: list[tuple[str, BrokenWorldReport]] = []
+        self._warned: set[tuple[str, str]] = set()
+        self._refusals: list[str] = []
+
+    def status(self, uid: str, status: WorkerStatus) -> bool:
+        """Take a worker's status; whether it is news."""
+        if self.statuses.get(uid) == status:
+            return False
+        self.statuses[uid] = status
+        return True
+
+    def report(self, pod: str, report: BrokenWorldReport, table: WorldTable | None) -> bool:
+        """Take a report from `pod`; whether it was accepted (news for the planner)."""
+        if table is None:
+            self._unchecked.append((pod, report))
+            return True
+        entry = next((w for w in table.worlds if w.name == report.world), None)
+        if entry is None or pod not in entry.pods:
+            self._refuse(pod, report, f"a world it holds no rank in (its {report.epoch})")
+            return False
+        if report.epoch > entry.epoch:
+            self._refuse(
+                pod, report, f"epoch {report.epoch}, which that world has not reached (it is at {entry.epoch})"
+            )
+            return False
+        if report.epoch < entry.epoch:
+            log.debug(
+                "pod %s: report of world %s epoch %d came after epoch %d", pod, report.world, report.epoch, entry.epoch
+            )
+            return False
+        self._reports[(report.world, pod)] = report
+        return True
+
+    def _refuse(self, pod: str, report: BrokenWorldReport, what: str) -> None:
+        log.warning("pod %s reported world %s broken at %s: ignored", pod, report.world, what)
+        if (pod, report.world) in self._warned:
+            return
+        if len(self._warned) >= MAX_WARNED:
+            self._warned.clear()
+        self._warned.add((pod, report.world))
+        self._refusals.append(
+            f"pod {pod} reported world {report.world} broken at {what}: ignored (a worker speaks only for "
+            "the worlds its pod holds a rank in, at their current epoch)"
+        )
+
+    def take_refusals(self) -> list[str]:
+        """The refusals not said yet (each becomes a Warning Event)."""
+        refusals, self._refusals = self._refusals, []
+        return refusals
+
+    def current(self, table: WorldTable, uids: set[str]) -> tuple[dict[str, WorkerStatus], list[BrokenWorldReport]]:
+        """The statuses of the pod instances `uids` and the reports at their world's current
+        epoch in `table`; what is older is forgotten."""
+        unchecked, self._unchecked = self._unchecked, []
+        for pod, report in unchecked:
+            self.report(pod, report, table)
+        epochs = {w.name: w.epoch for w in table.worlds}
+        self._reports = {key: r for key, r in self._reports.items() if epochs.get(r.world) == r.epoch}
+        self.statuses = {uid: s for uid, s in self.statuses.items() if uid in uids}
+        return dict(self.statuses), list(self._reports.values())
