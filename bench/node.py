@@ -26,30 +26,31 @@ a spare took its place), after the previous recovery completed; the first restar
 
 Clocks (wall time; the node, the workers and this process share the machine's clock):
 - every recovery time starts just before the SIGKILL is sent to the container (containerd's
-  `tasks kill`) and stops at the last `joined_at` of world1's new epoch among its ranks (the
-  kill's epoch + 1), as each worker's runtime records it (its status annotation).
+  `tasks kill`) and stops when this process first sees (polling every 0.2 s) the MultiWorld's
+  status show world1 Running at the kill's epoch + 1 with every rank ready: the operator counts
+  a rank ready once its worker said, over the worker channel, that it joined that epoch.
 - node_recovery_s, spare_recovery_s, world_restart_s: N=3's new_pods, one_spare and
   replace_world (the same runs as sizes["3"]).
 - breakdown_s, over N=3's new_pods kills, for the new pod that joined last: operator = kill ->
   its replacement Pod seen by a watch; schedule = -> the Pod seen bound to the node;
-  container_start = -> the container's process started (its start time in /proc); import = ->
-  the program ready, its imports done (the worker's `started`); rendezvous = -> joined the new
-  epoch.
+  container_start = -> the container's process started (its start time in /proc); ready = ->
+  the end of the recovery (the program's imports, its rendezvous, its status reaching the
+  operator and the operator's status write).
 - whole_restart_s: the same clock for single_world (one plain torch world of 3 ranks, its
   manifest as committed): a rank that loses the world exits, so every pod of it is replaced.
 - replaced per kill: world1's ranks (single_world's, for whole_restart_s) whose holder changed
   from the table entry before the kill to the one of the new epoch: a pod of another uid
   (a new pod of the same name) or another pod (a warm spare that now plays it). A kill under
   `replace: Pod` should cost 1, under `replace: World` N-1, and single_world's 3.
-- unaffected (N=3, over its three scenarios): errors = world2 errors counted by its members'
-  runtimes over that MultiWorld's whole run; worst_gap_ratio = the longest gap between world2's
+- unaffected (N=3, over its three scenarios): restarts = world2's restarts in the MultiWorld's
+  status after that MultiWorld's whole run; worst_gap_ratio = the longest gap between world2's
   steps (w2-0's log, kubelet timestamps) while world1 recovered, over the median gap.
 
 JSON (--json, the last line): node_recovery_s, spare_recovery_s, world_restart_s and
 whole_restart_s as {min, median, max}; replaced_per_kill: for each of those four, the count of
 each kill in order; sizes: {"<N>": {"new_pods" | "one_spare" | "replace_world": {"recovery_s":
 {min, median, max}, "replaced_per_kill": [count, ...]}}}; breakdown_s: {stage: median seconds};
-unaffected: {errors, worst_gap_ratio}.
+unaffected: {restarts, worst_gap_ratio}.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ from harness import kube
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from multiworld.contract import STATUS_ANNOTATION, TABLE_ENTRY_KEY, WorkerStatus, WorldEntry, world_table_name
+from multiworld.contract import WorldEntry
+from multiworld_operator.kube.planner_memory import read_memory
 
 T = TypeVar("T")
 
@@ -82,7 +84,7 @@ T = TypeVar("T")
 cluster_module, images = kube.cluster_modules()
 support = kube.kube_support("node_support")
 
-STAGES = ("operator", "schedule", "container_start", "import", "rendezvous")
+STAGES = ("operator", "schedule", "container_start", "ready")
 INTERVAL_S = 0.5
 WAIT_S = 300.0
 # Members of world1 (the leader and N-1 w1 pods): the node has 2 cores, so 8 only without --quick.
@@ -168,17 +170,16 @@ def _uid(pod: client.V1Pod) -> str:
     return uid
 
 
-def statuses(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, tuple[client.V1Pod, WorkerStatus | None]]:
+def pods_of(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, client.V1Pod]:
+    """The MultiWorld's pods not being deleted, by name."""
     pods = core.list_namespaced_pod(namespace, label_selector=f"multiworld.io/name={name}").items
-    found = {}
-    for pod in pods:
-        meta = _meta(pod)
-        assert meta.name is not None
-        if meta.deletion_timestamp is not None:
-            continue
-        raw = (meta.annotations or {}).get(STATUS_ANNOTATION)
-        found[meta.name] = (pod, WorkerStatus.model_validate_json(raw) if raw else None)
-    return found
+    return {_meta(p).name or "": p for p in pods if _meta(p).deletion_timestamp is None}
+
+
+def world_status(core: client.CoreV1Api, namespace: str, name: str, world: str) -> dict[str, Any]:
+    status = multiworld(core.api_client, namespace, name).get("status") or {}
+    shown: dict[str, Any] = (status.get("worlds") or {}).get(world) or {}
+    return shown
 
 
 def process_start(cluster: Any, pod: client.V1Pod) -> float:
@@ -205,24 +206,25 @@ class Recovery:
 
 
 def table_entry(core: client.CoreV1Api, namespace: str, name: str, world: str) -> WorldEntry | None:
-    """The world's live table entry (None: out of the table for a moment)."""
+    """The world's entry in the table the operator published (its memory holds it)."""
     try:
-        configmap = core.read_namespaced_config_map(world_table_name(name, world), namespace)
+        configmap: Any = core.read_namespaced_config_map(name, namespace)
     except ApiException as error:
         if error.status == 404:
             return None
         raise
-    assert configmap.data is not None
-    return WorldEntry.model_validate_json(configmap.data[TABLE_ENTRY_KEY])
+    memory = read_memory({"binaryData": configmap.binary_data}) or {}
+    entries = (memory.get("table") or {}).get("worlds") or []
+    return next((WorldEntry.model_validate(e) for e in entries if e["name"] == world), None)
 
 
 def kill_and_time(
     cluster: Any, core: client.CoreV1Api, namespace: str, name: str, world: str, victim: str, times: PodTimes
 ) -> Recovery:
-    before = statuses(core, namespace, name)
-    epoch = max(s.joined.get(world, 0) for _, s in before.values() if s is not None) + 1
+    before = pods_of(core, namespace, name)
+    epoch = int(world_status(core, namespace, name, world)["epoch"]) + 1
     entry = wait_for(f"{world} of {name} in the table", lambda: table_entry(core, namespace, name, world))
-    holders = [_uid(before[p][0]) if p in before else None for p in entry.pods]
+    holders = [_uid(before[p]) if p in before else None for p in entry.pods]
     playing = next(p for p in entry.pods if entry.plays.get(p, p) == f"{name}-{victim}")
 
     def running() -> client.V1Pod | None:
@@ -236,38 +238,34 @@ def kill_and_time(
     started = time.time()
     support.signal_container(cluster, pod, "SIGKILL")
 
-    def rejoined() -> dict[str, tuple[client.V1Pod, WorkerStatus]] | None:
-        """Every rank of the world's table entry joined at the new epoch (in rank order)."""
-        entry = table_entry(core, namespace, name, world)
-        if entry is None or entry.epoch != epoch:
-            return None
-        now = statuses(core, namespace, name)
-        ranks = {p: now.get(p, (None, None)) for p in entry.pods}
-        if all(s is not None and s.joined.get(world) == epoch for _, s in ranks.values()):
-            return ranks  # type: ignore[return-value]  # every status is there: checked just above
-        return None
+    def back() -> bool:
+        """world1 Running at the new epoch with every rank ready, as the operator shows it."""
+        shown = world_status(core, namespace, name, world)
+        return (
+            shown.get("epoch") == epoch
+            and shown.get("phase") == "Running"
+            and shown.get("readyRanks") == shown.get("size")
+        )
 
-    members = wait_for(f"{world} of {name} back at epoch {epoch}", rejoined)
-    joined = {p: s.joined_at[world].timestamp() for p, (_, s) in members.items()}
-    end = max(joined.values())
-    now_holding = [_uid(pod) for pod, _ in members.values()]
-    replaced = sum(a != b for a, b in zip(holders, now_holding, strict=True))
-    existed = {_uid(pod) for pod, _ in before.values()}
-    new = [p for p, (pod, _) in members.items() if _uid(pod) not in existed]
+    wait_for(f"{world} of {name} back at epoch {epoch}", back)
+    end = time.time()
+
+    def published() -> WorldEntry | None:
+        found = table_entry(core, namespace, name, world)
+        return found if found is not None and found.epoch == epoch else None
+
+    entry = wait_for(f"{world} of {name} at epoch {epoch} in the table", published)
+    now = pods_of(core, namespace, name)
+    members = {p: now[p] for p in entry.pods}
+    replaced = sum(a != _uid(b) for a, b in zip(holders, members.values(), strict=True))
+    existed = {_uid(pod) for pod in before.values()}
+    new = [pod for pod in members.values() if _uid(pod) not in existed]
     if not new:
         return Recovery(end - started, replaced, None, (started, end))
-    last = max(new, key=joined.__getitem__)
-    pod, status = members[last]
-    uid = _uid(pod)
-    assert status.started is not None
-    marks = [
-        started,
-        times.seen[uid],
-        times.scheduled[uid],
-        process_start(cluster, pod),
-        status.started.timestamp(),
-        end,
-    ]
+    starts = {_uid(pod): process_start(cluster, pod) for pod in new}
+    last = max(new, key=lambda pod: starts[_uid(pod)])
+    uid = _uid(last)
+    marks = [started, times.seen[uid], times.scheduled[uid], starts[uid], end]
     breakdown = {stage: max(0.0, b - a) for stage, a, b in zip(STAGES, marks, marks[1:], strict=False)}
     return Recovery(end - started, replaced, breakdown, (started, end))
 
@@ -283,10 +281,12 @@ def step_times(core: client.CoreV1Api, namespace: str, pod: str, line: str) -> l
 
 
 def every_pod_up(core: client.CoreV1Api, namespace: str, name: str, count: int) -> bool:
-    """Whether the MultiWorld has its pods (`count` at least, spares included) and each one's
-    worker is in its worlds or, a warm spare, waits for an identity."""
-    found = statuses(core, namespace, name)
-    return len(found) >= count and all(s is not None and (s.joined or s.waiting) for _, s in found.values())
+    """Whether the MultiWorld has its pods (`count` at least, spares included) and every world
+    Running with each rank ready, as the operator shows it (from what each worker told it)."""
+    status = multiworld(core.api_client, namespace, name).get("status") or {}
+    worlds = (status.get("worlds") or {}).values()
+    ready = all(w.get("phase") == "Running" and w.get("readyRanks") == w.get("size") for w in worlds)
+    return len(pods_of(core, namespace, name)) >= count and bool(worlds) and ready
 
 
 def multiworld(api: client.ApiClient, namespace: str, name: str) -> Any:
@@ -368,7 +368,7 @@ def sized_manifests(workdir: Path, name: str, size: int) -> dict[str, Path]:
 
 @dataclass
 class Unaffected:
-    errors: int
+    restarts: int
     worst_gap: float
     median_gap: float
 
@@ -388,16 +388,16 @@ def run_size(
         print(f"{name}: {scenario.label}", file=sys.stderr, flush=True)
         spares = {"w1": scenario.spares} if scenario.spares else None
         found[scenario.key] = time_kills(cluster, core, namespace, name, "world1", victims, kills, times, pods, spares)
-    errors = sum(s.errors.get("world2", 0) for _, s in statuses(core, namespace, name).values() if s is not None)
+    restarts = int(world_status(core, namespace, name, "world2").get("restarts", 0))
     steps = step_times(core, namespace, f"{name}-w2-0", "from world2 has gathered tensors")
     worst, _ = common.worst_gap_in(steps, [r.window for rs in found.values() for r in rs])
     delete_example(cluster, core, namespace, name)
-    return found, Unaffected(errors, worst, statistics.median(common.gaps(steps)))
+    return found, Unaffected(restarts, worst, statistics.median(common.gaps(steps)))
 
 
 def delete_example(cluster: Any, core: client.CoreV1Api, namespace: str, name: str) -> None:
     support.kubectl(cluster, "delete", "mw", name, "-n", namespace, "--wait=false")
-    wait_for(f"the pods of {name} gone", lambda: not statuses(core, namespace, name) or None)
+    wait_for(f"the pods of {name} gone", lambda: not pods_of(core, namespace, name) or None)
 
 
 @contextmanager
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         "replaced_per_kill": replaced,
         "sizes": {str(n): {key: figure(rs) for key, rs in found.items()} for n, found in sorted(sizes.items())},
         "breakdown_s": breakdown,
-        "unaffected": {"errors": unaffected.errors, "worst_gap_ratio": ratio},
+        "unaffected": {"restarts": unaffected.restarts, "worst_gap_ratio": ratio},
     }
     rows = []
     for n, found in sorted(sizes.items()):
@@ -490,11 +490,11 @@ def main(argv: list[str] | None = None) -> int:
                 [f"stage (median, world1 of {EXAMPLE_SIZE}, new pods: last new pod to join)", "seconds"],
                 [[stage, f"{breakdown[stage]:.3f}"] for stage in STAGES],
             ),
-            f"world2 while world1 (of {EXAMPLE_SIZE}) recovered: {unaffected.errors} errors; worst step gap "
+            f"world2 while world1 (of {EXAMPLE_SIZE}) recovered: {unaffected.restarts} restarts; worst step gap "
             f"{unaffected.worst_gap:.2f} s = {ratio:.2f}x the median gap ({unaffected.median_gap:.2f} s)",
         ],
         [
-            common.Target("world2 errors while world1 recovered", unaffected.errors, 0),
+            common.Target("world2 restarts while world1 recovered", unaffected.restarts, 0),
             common.Target("pods replaced per kill under replace: Pod, most", max(pod_rule), 1),
             common.Target("world1 back with one warm spare, median", spreads["spare_recovery_s"].median, 1.0, "s"),
             common.Target(

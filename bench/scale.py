@@ -16,9 +16,9 @@ MAX_WORLDS_PER_POD). Per size (worlds):
 - react_s: median over FAILURES failures, a different replica each time: from just before the
   status patch that marks the pod Failed until its replacement, stamped with the new epoch,
   is seen by a watch.
-- worker_watch_kib_per_failure: a worker's Kubernetes channel (multiworld.channels.kubernetes,
-  the one in every pod) runs here for the pod of an unaffected world; the bytes it received
-  from each failure until the failed world was Running again, mean.
+- worker_watch_kib_per_failure: a worker's channel (multiworld.channels.stream, the one in every
+  pod, with a token bound to that pod) runs here for the pod of an unaffected world; the bytes of
+  the tables it received from each failure until the failed world was Running again, mean.
 - operator_rss_mib: the operator's peak resident memory (VmHWM) once that size has run.
 - many: MANY MultiWorlds of MANY_WORLDS worlds each. react_s across them (a different
   MultiWorld each failure) beside `single`, the same failures of one such MultiWorld measured
@@ -50,19 +50,21 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import _common as common
 from _operator_scene import GROUP, PLURAL, VERSION, Scene, fail_and_recover, scene, start, wait_for
+from harness.worker_link import WorkerLink
 from kubernetes import client
-from multiworld.channels.kubernetes import KubernetesChannel
 from spec import limits_support as limits
 
-from multiworld.contract import NAME_LABEL, WorldTable
+from multiworld.contract import NAME_LABEL
 from multiworld_operator.spec import MAX_WORLDS, MAX_WORLDS_PER_POD
+
+# How long the worker link waits for its first table.
+TABLE_WAIT_S = 60.0
 
 LARGEST_STAR = min(MAX_WORLDS, MAX_WORLDS_PER_POD)
 SIZES = (2, 100, LARGEST_STAR)
@@ -127,38 +129,21 @@ def delete(scene: Scene, name: str) -> None:
     wait_for(f"the pods of {name} gone", lambda: not scene.kube.pods(name))
 
 
-class WorkerWatch:
-    """A worker's own Kubernetes channel for `pod`, counting what it receives."""
-
-    def __init__(self, scene: Scene, name: str, pod: str) -> None:
-        self.channel = KubernetesChannel(f"kubernetes://{scene.kube.namespace}/{name}", pod, api=scene.api)
-        self.tables = 0
-        self._seen = threading.Event()
-
-    def __enter__(self) -> WorkerWatch:
-        self.channel.start(self._on_table)
-        wait_for("the worker channel's first table", self._seen.is_set)
-        return self
-
-    def _on_table(self, table: WorldTable) -> None:
-        self.tables += 1
-        self._seen.set()
-
-    def __exit__(self, *_: object) -> None:
-        self.channel.close()
-
-
 def measure_size(scene: Scene, worlds: int, failures: int) -> dict[str, float]:
     name = f"s{worlds}"
     create_s = start(scene, name, worlds)
     size_kib = object_kib(scene, name)
     observed = worlds - 1  # the unaffected worker's world: never failed here
     reacts, received = [], []
-    with WorkerWatch(scene, name, f"{name}-m{observed}-0") as watch:
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        WorkerLink(client.CoreV1Api(scene.api), scene.kube.namespace, f"{name}-m{observed}-0", Path(folder)) as link,
+    ):
+        link.wait_table(TABLE_WAIT_S)
         for k in range(failures):
-            before = watch.channel.bytes_received
+            before = link.bytes_received
             reacts.append(fail_and_recover(scene, name, k % max(1, worlds - 1)))
-            received.append((watch.channel.bytes_received - before) / 1024)
+            received.append((link.bytes_received - before) / 1024)
     figures = {
         "create_s": create_s,
         "object_kib": size_kib,

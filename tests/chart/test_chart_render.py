@@ -25,17 +25,15 @@ OPERATOR_IN_NAMESPACE = (
     | grants("", ["pods"], ["get", "list", "watch", "create", "delete", "patch"])  # patch: a spare's labels
     | grants("", ["services"], ["get", "list", "watch", "create"])
     | grants("", ["events"], ["create"])
-    | grants("networking.k8s.io", ["networkpolicies"], ["get", "create", "patch", "delete"])
-    | grants("", ["configmaps"], ["get", "list", "watch", "create", "update", "delete"])
+    | grants("networking.k8s.io", ["networkpolicies"], ["get", "list", "watch", "create", "patch", "delete"])
+    | grants("", ["configmaps"], ["get", "create", "update"])  # the memory
 )
-# kopf's cluster-scoped reads: CRDs (to notice the MultiWorld resource) and namespaces.
-KOPF_CLUSTER_READS = grants("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"]) | grants(
-    "", ["namespaces"], ["list", "watch"]
-)
-WORKER_IN_NAMESPACE = (
-    grants("", ["configmaps"], ["get", "list", "watch"])
-    | grants("", ["pods"], ["patch"])
-    | grants("", ["events"], ["create"])
+# What only a ClusterRole can grant: kopf's reads of CRDs (to notice the MultiWorld resource) and
+# namespaces, and TokenReviews (which pod a worker channel connection speaks for).
+KOPF_CLUSTER_READS = (
+    grants("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"])
+    | grants("", ["namespaces"], ["list", "watch"])
+    | grants("authentication.k8s.io", ["tokenreviews"], ["create"])
 )
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
@@ -119,6 +117,16 @@ def test_namespaced_mode_grants_a_role_per_namespace_and_only_kopf_reads_cluster
     assert watched == NAMESPACED["watchNamespaces"]
 
 
+def test_the_worker_channel_is_served_through_a_service(render: Callable[..., Rendered]) -> None:
+    rendered = render({"channelPort": 9443})
+    service = rendered.one("Service", FULLNAME, RELEASE_NAMESPACE)
+    assert service["spec"]["ports"] == [{"name": "channel", "protocol": "TCP", "port": 9443, "targetPort": "channel"}]
+    env = {e["name"]: e["value"] for e in container(rendered)["env"]}
+    assert env["MULTIWORLD_CHANNEL_URL"] == f"operator://{FULLNAME}.{RELEASE_NAMESPACE}.svc:9443"
+    assert env["MULTIWORLD_CHANNEL_PORT"] == "9443"
+    assert {"name": "channel", "containerPort": 9443, "protocol": "TCP"} in container(rendered)["ports"]
+
+
 @BOTH_MODES
 def test_deployment_runs_one_hardened_operator(render: Callable[..., Rendered], values: dict[str, Any]) -> None:
     rendered = render(values)
@@ -163,7 +171,7 @@ def test_image_and_health_port_come_from_values(chart: helm.Chart, render: Calla
     assert main["image"] == "registry.example/mw-op:1.2.3"
     assert main["imagePullPolicy"] == "Always"
     assert main["args"][:2] == ["--liveness", "http://0.0.0.0:9090/healthz"]
-    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {"health": 9090}
+    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {"health": 9090, "channel": 7443}
     assert {"name": "MULTIWORLD_LOG_LEVEL", "value": "DEBUG"} in main["env"]
 
 
@@ -181,17 +189,17 @@ def test_app_version_is_the_project_version(chart: helm.Chart) -> None:
     ],
     ids=["release-namespace", "watched-namespaces", "explicit-namespaces"],
 )
-def test_workers_get_a_service_account_and_role_where_multiworlds_run(
+def test_workers_get_a_service_account_with_no_permission_where_multiworlds_run(
     render: Callable[..., Rendered], values: dict[str, Any], namespaces: list[str]
 ) -> None:
     rendered = render(values)
     name = values.get("workers", {}).get("serviceAccountName", "multiworld-worker")
     for namespace in namespaces:
-        assert rendered.one("ServiceAccount", name, namespace)
-        assert granted(rendered.one("Role", name, namespace)) == WORKER_IN_NAMESPACE
-        binding = rendered.one("RoleBinding", name, namespace)
-        assert binding["roleRef"]["name"] == name
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+        assert rendered.one("ServiceAccount", name, namespace)["automountServiceAccountToken"] is False
+    # A worker needs no Kubernetes permission: nothing binds its ServiceAccount to any role.
+    bindings = rendered.of_kind("RoleBinding") + rendered.of_kind("ClusterRoleBinding")
+    assert [b for b in bindings if any(s.get("name") == name for s in b["subjects"])] == []
+    assert [r for r in rendered.of_kind("Role") if r["metadata"]["name"] == name] == []
     assert sorted(
         sa["metadata"]["namespace"] for sa in rendered.of_kind("ServiceAccount") if sa["metadata"]["name"] == name
     ) == sorted(namespaces)

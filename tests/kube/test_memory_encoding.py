@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from multiworld.contract import WorldEntry
 from multiworld_operator.kube.bodies import MEMORY_LABEL
 from multiworld_operator.kube.observe import see_pod
 from multiworld_operator.kube.planner_memory import (
@@ -87,10 +86,9 @@ def _pod(name: str, created_for: dict[str, int] | None, **labels: str) -> dict[s
     }
 
 
-def test_a_lost_memory_is_rebuilt_from_the_pods_the_table_and_the_view() -> None:
-    """Each pod gets its record (a spare that plays a member pod, under that pod), each world its
-    rank list and backend from the table, the highest epoch anything shows, and its restarts;
-    the next spare serial follows the spares found."""
+def test_a_lost_memory_is_rebuilt_from_the_pods_and_the_view() -> None:
+    """Each pod gets its record (a spare that plays a member pod, under that pod), each world the
+    highest epoch anything shows and its restarts; the next spare serial follows the spares found."""
     view = {
         "phase": "Running",
         "restarts": 3,
@@ -116,25 +114,15 @@ def test_a_lost_memory_is_rebuilt_from_the_pods_the_table_and_the_view() -> None
         see_pod(_pod("mw-b-0", {"wb": 2}, **{"multiworld.io/member": "b"}), OWNER),
         see_pod(_pod("mw-a-spare-c", {}, **{"multiworld.io/spare": "true", "multiworld.io/plays": "mw-a-0"}), OWNER),
     ]
-    entries = [
-        WorldEntry(
-            name="wa",
-            epoch=3,
-            host="h",
-            port=1,
-            pods=["mw-leader-0", "mw-a-spare-c"],
-            plays={"mw-a-spare-c": "mw-a-0"},
-            instances={"mw-a-spare-c": 3},
-        ),
-    ]
-    status = rebuilt_memory(view, pods, entries)
+    status = rebuilt_memory(view, pods)
     assert status is not None
     assert status.pods["mw-leader-0"].created_for == {"wa": 1, "wb": 1}
-    assert status.pods["mw-a-0"].spare == "mw-a-spare-c" and status.pods["mw-a-0"].created_for == {"wa": 3}
+    assert status.pods["mw-a-0"].spare == "mw-a-spare-c"
     assert all(record.observed for record in status.pods.values())
-    assert status.worlds["wa"].pods == ["mw-leader-0", "mw-a-0"] and status.worlds["wa"].epoch == 3
-    assert status.worlds["wb"].epoch == 2 and status.worlds["wb"].pods == []  # no table: a new epoch will form
+    # No table: each world's epoch is the highest anything shows, and a new epoch will form.
+    assert status.worlds["wa"].epoch == 3 and status.worlds["wb"].epoch == 2
+    assert status.table.worlds == []
     assert status.worlds["wa"].restarts == 3 and len(status.worlds["wa"].recent_restarts) == 1
     assert status.played_by == {"mw-a-0": "mw-a-spare-c"}
     assert status.spare_serial == 3  # "c" is serial 2
-    assert rebuilt_memory(None, pods, entries) is None
+    assert rebuilt_memory(None, pods) is None

@@ -28,8 +28,6 @@ from node_support import (
 )
 from operator_support import KubeNamespace, wait_for
 
-from multiworld.contract import REPORT_ANNOTATION, STATUS_ANNOTATION, BrokenWorldReport, WorkerStatus
-
 pytestmark = [pytest.mark.kube, pytest.mark.node]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,11 +122,6 @@ def _wait_log(cluster: Cluster, operator: Operator, pod: str, line: str) -> str:
         raise ClusterError(f"{exc}; its log without step lines ends:\n" + "\n".join(lines[-40:])) from None
 
 
-def _worker_status(pod: client.V1Pod) -> WorkerStatus | None:
-    raw = (pod.metadata.annotations or {}).get(STATUS_ANNOTATION)
-    return WorkerStatus.model_validate_json(raw) if raw else None
-
-
 def _member(name: str, pod: str) -> str:
     return pod.removeprefix(f"{name}-")
 
@@ -187,9 +180,6 @@ def _assert_world2_untouched(cluster: Cluster, operator: Operator, kube: KubeNam
     for member in ("leader-0", *EXCLUSIVE["world2"]):
         log = _logs(cluster, operator, f"{name}-{member}")
         assert "world2 broke" not in log, f"{member}:\n{log}"
-    for pod in kube.pods(name).values():
-        status = _worker_status(pod)
-        assert status is None or not status.errors.get("world2"), (pod.metadata.name, status)
 
 
 def test_killed_worker_costs_only_its_world(
@@ -251,15 +241,13 @@ def test_frozen_worker_is_replaced(
     frozen = kube.pods(name)[f"{name}-w1-0"]
     signal_container(kube_node, frozen, "SIGSTOP")
 
-    def reported() -> BrokenWorldReport | None:
-        for member in ("leader-0", "w1-1"):
-            raw = (kube.pods(name)[f"{name}-{member}"].metadata.annotations or {}).get(REPORT_ANNOTATION)
-            if raw and (report := BrokenWorldReport.model_validate_json(raw)).world == "world1":
-                return report
-        return None
+    def reported() -> dict[str, Any] | None:
+        failure = (kube.status(name).get("worlds") or {}).get("world1", {}).get("lastFailure") or {}
+        return failure if failure.get("reason") == "WorldBroken" else None
 
-    report = wait_for("a live member's report of world1 broken on its Pod", reported, WAIT_S)
-    assert report.epoch == 1 and report.peer_rank == 1, report  # it names the frozen rank
+    # A live member's report of world1 broken, over its channel, names the frozen rank.
+    failure = wait_for("world1 failed on a live member's report", reported, WAIT_S)
+    assert (failure["epoch"], failure["rank"], failure["pod"]) == (1, 1, f"{name}-w1-0"), failure
     _wait_running(kube, name, {"world1": 2, "world2": 1})
     after = kube.uids(name)
     assert after[f"{name}-w1-0"] != before[f"{name}-w1-0"], "the frozen pod was not replaced"
@@ -412,9 +400,9 @@ def test_node_bench_reports_recovery_and_its_breakdown(kube_node: Cluster) -> No
     for key, name in (("new_pods", "node_recovery_s"), ("one_spare", "spare_recovery_s"),
                       ("replace_world", "world_restart_s")):  # fmt: skip
         assert example[key] == {"recovery_s": figures[name], "replaced_per_kill": replaced[name]}, figures
-    assert set(figures["breakdown_s"]) == {"operator", "schedule", "container_start", "import", "rendezvous"}
+    assert set(figures["breakdown_s"]) == {"operator", "schedule", "container_start", "ready"}
     assert all(v >= 0 for v in figures["breakdown_s"].values()), figures
-    assert figures["unaffected"]["errors"] == 0 and figures["unaffected"]["worst_gap_ratio"] > 0, figures
+    assert figures["unaffected"]["restarts"] == 0 and figures["unaffected"]["worst_gap_ratio"] > 0, figures
 
 
 def test_operator_liveness_probe_passes(kube_node: Cluster, operator: Operator) -> None:
@@ -436,11 +424,12 @@ def test_operator_liveness_probe_passes(kube_node: Cluster, operator: Operator) 
     assert not [e.message for e in events if e.reason == "Unhealthy"]
 
 
-def test_a_manifest_without_the_worker_serviceaccount_fails_saying_why(
+def test_a_manifest_without_the_worker_serviceaccount_runs(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
 ) -> None:
-    """The pods run as the namespace's default ServiceAccount: each worker exits at once naming
-    the permission it lacks, and the operator's Event and status for the failure quote it."""
+    """The pods run as the namespace's default ServiceAccount, which may do nothing: a worker
+    needs no Kubernetes permission (its pod-bound token, mounted by the operator, is all it shows
+    the operator), so every world runs and follows its table."""
     import yaml
 
     name = "no-worker-account"
@@ -450,18 +439,8 @@ def test_a_manifest_without_the_worker_serviceaccount_fails_saying_why(
     path.write_text(yaml.safe_dump(manifest))
     kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
     try:
-        failure = wait_for("a world failure", lambda: next(
-            (s["lastFailure"] for s in (kube.status(name).get("worlds") or {}).values() if s.get("lastFailure")), None),
-            WAIT_S)  # fmt: skip
-        assert "may not get, list and watch configmaps" in failure["message"], failure
-        assert "serviceAccountName: multiworld-worker" in failure["message"], failure
-        events = wait_for(
-            "the WorldFailed event",
-            lambda: [
-                e for e in kube.events(name) if e.reason == "WorldFailed" and "may not get, list and watch" in e.message
-            ],
-        )
-        assert events
+        _wait_running(kube, name, {"world1": 1, "world2": 1})
+        assert {p.spec.service_account_name for p in kube.pods(name).values()} == {"default"}
     finally:
         kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
         wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
@@ -516,10 +495,8 @@ def _spares_ready(kube: KubeNamespace, name: str, member: str, count: int) -> di
         if (pod.metadata.labels or {}).get("multiworld.io/spare") == "true"
         and "multiworld.io/plays" not in pod.metadata.labels
     }
+    # Ready: each spare's worker told the operator (over its channel) that it waits for an identity.
     assert len(spares) == count, sorted(spares)
-    for pod in spares.values():
-        status = _worker_status(pod)
-        assert status is not None and status.waiting and not status.joined, (pod.metadata.name, status)
     return spares
 
 

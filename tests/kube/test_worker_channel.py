@@ -13,6 +13,7 @@ MultiWorld by a Warning Event naming the pod), and the workers' ServiceAccount m
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.kube
 
 LEADER = "mw-leader-0"
 WAIT_S = 120.0
+ChartScene = tuple[KubeNamespace, Kubelet]
 
 
 def epochs(table: WorldTable) -> dict[str, int]:
@@ -56,6 +58,10 @@ def refused_events(kube: KubeNamespace) -> list[str]:
     return [e.message for e in kube.events() if e.reason == "ReportRefused" and e.type == "Warning"]
 
 
+def two(messages: list[str]) -> list[str] | None:
+    return messages if len(messages) == 2 else None
+
+
 def hello_answer(kube: KubeNamespace, hello: Hello) -> ChannelMessage:
     """What the operator answers a raw connection that opens with `hello`."""
     _, host, port = parse_url(channel_url(kube.core, kube.namespace, LEADER))
@@ -65,7 +71,9 @@ def hello_answer(kube: KubeNamespace, hello: Hello) -> ChannelMessage:
 
 
 @pytest.fixture
-def chart_scene(kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+def chart_scene(
+    kube_cluster: Cluster, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[KubeNamespace, Kubelet]]:
     """The chart in its namespaced mode (a Role for the operator here, the workers' ServiceAccount
     with none), the operator serving this namespace, two worlds running, pods as the workers'
     ServiceAccount."""
@@ -84,7 +92,7 @@ def chart_scene(kube_cluster: Cluster, namespace: str, monkeypatch: pytest.Monke
         yield kube, kubelet
 
 
-def test_channel_follows_the_table_and_reaches_the_operator(chart_scene, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_channel_follows_the_table_and_reaches_the_operator(chart_scene: ChartScene, tmp_path: Path) -> None:
     kube, kubelet = chart_scene
     # A pod of wb only: wa's failure below must not reach it.
     with (
@@ -120,7 +128,9 @@ def test_channel_follows_the_table_and_reaches_the_operator(chart_scene, tmp_pat
     assert refused_events(kube) == []
 
 
-def test_a_worker_cannot_speak_for_worlds_it_is_not_in_nor_for_epochs_to_come(chart_scene, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_worker_cannot_speak_for_worlds_it_is_not_in_nor_for_epochs_to_come(
+    chart_scene: ChartScene, tmp_path: Path
+) -> None:
     kube, _ = chart_scene
     uids = kube.uids()
     with (
@@ -135,7 +145,7 @@ def test_a_worker_cannot_speak_for_worlds_it_is_not_in_nor_for_epochs_to_come(ch
             intruder.report(BrokenWorldReport(world="wa", epoch=epoch, reason="forged", pod="mw-b-0"))
         # The leader holds a rank in wb, but wb has not reached epoch 5.
         leader.report(BrokenWorldReport(world="wb", epoch=5, reason="from the future", pod=LEADER))
-        messages = wait_for("two ReportRefused Events", lambda: (m := refused_events(kube)) and len(m) == 2 and m)
+        messages = wait_for("two ReportRefused Events", lambda: two(refused_events(kube)))
     assert any("pod mw-b-0 reported world wa broken" in m and "holds no rank in" in m for m in messages), messages
     assert any(f"pod {LEADER} reported world wb broken at epoch 5" in m for m in messages), messages
     status = kube.status()
@@ -143,7 +153,7 @@ def test_a_worker_cannot_speak_for_worlds_it_is_not_in_nor_for_epochs_to_come(ch
     assert kube.uids() == uids
 
 
-def test_a_worker_speaks_only_for_its_own_pod(chart_scene) -> None:  # type: ignore[no-untyped-def]
+def test_a_worker_speaks_only_for_its_own_pod(chart_scene: ChartScene) -> None:
     kube, _ = chart_scene
     bystander_token = pod_token(kube.core, kube.namespace, "mw-b-0")
     answer = hello_answer(kube, Hello(pod=LEADER, token=bystander_token))
@@ -152,7 +162,7 @@ def test_a_worker_speaks_only_for_its_own_pod(chart_scene) -> None:  # type: ign
     assert "was not accepted" in (hello_answer(kube, Hello(pod=LEADER, token="not.a.token")).refused or "")
 
 
-def test_the_workers_serviceaccount_may_write_nothing(chart_scene, kube_cluster: Cluster) -> None:  # type: ignore[no-untyped-def]
+def test_the_workers_serviceaccount_may_write_nothing(chart_scene: ChartScene, kube_cluster: Cluster) -> None:
     """As the workers' ServiceAccount: patching another pod's image (a mutable field: it would run
     other code under that pod's identity), annotating a pod, writing a ConfigMap: all refused."""
     kube, _ = chart_scene
@@ -169,7 +179,7 @@ def test_the_workers_serviceaccount_may_write_nothing(chart_scene, kube_cluster:
                 LEADER, kube.namespace, {"metadata": {"annotations": {"x": "y"}}}, _content_type=MERGE_PATCH
             ),
             "create a ConfigMap": lambda: core.create_namespaced_config_map(
-                kube.namespace, {"metadata": {"name": "decoy"}, "data": {}}
+                kube.namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="decoy"), data={})
             ),
             "delete a pod": lambda: core.delete_namespaced_pod("mw-a-1", kube.namespace),
         }
@@ -180,7 +190,7 @@ def test_the_workers_serviceaccount_may_write_nothing(chart_scene, kube_cluster:
     assert kube.pods()["mw-a-0"].spec.containers[0].image != "attacker/image"
 
 
-def test_a_deleted_or_edited_network_policy_is_restored(chart_scene) -> None:  # type: ignore[no-untyped-def]
+def test_a_deleted_or_edited_network_policy_is_restored(chart_scene: ChartScene) -> None:
     kube, _ = chart_scene
     networking = client.NetworkingV1Api(kube.api)
 
@@ -194,9 +204,12 @@ def test_a_deleted_or_edited_network_policy_is_restored(chart_scene) -> None:  #
 
     made = wait_for("the NetworkPolicy", policy)
     networking.delete_namespaced_network_policy("mw", kube.namespace)
-    restored = wait_for(
-        "the NetworkPolicy restored", lambda: (p := policy()) and p.metadata.uid != made.metadata.uid and p
-    )
+
+    def renewed() -> client.V1NetworkPolicy | None:
+        found = policy()
+        return found if found is not None and found.metadata.uid != made.metadata.uid else None
+
+    restored = wait_for("the NetworkPolicy restored", renewed)
     assert restored.spec == made.spec
     networking.patch_namespaced_network_policy(
         "mw",
@@ -204,4 +217,4 @@ def test_a_deleted_or_edited_network_policy_is_restored(chart_scene) -> None:  #
         {"spec": {"ingress": [{}]}},
         _content_type=MERGE_PATCH,  # open to everyone
     )
-    wait_for("the NetworkPolicy's spec restored", lambda: (p := policy()) and p.spec == made.spec)
+    wait_for("the NetworkPolicy's spec restored", lambda: (found := policy()) is not None and found.spec == made.spec)
