@@ -38,10 +38,10 @@ MAX_WORLDS_PER_POD). Per size (worlds):
   - Sizes, each against its limit: the CR's status at its largest (every pod failed with a
     message of MAX_MESSAGE characters, every replacement waiting with one), against what etcd's
     object limit leaves beside a spec at its cap, annotations at theirs and other metadata;
-    the planner's memory ConfigMap and the largest world ConfigMap (and one of a world of every
-    rank), data against a ConfigMap's limit; the MULTIWORLD_WORLDS string of the pod in most
-    worlds (its pod body, NUL included) against Linux's limit on one environment string, and
-    that pod's annotations at their largest against the API server's limit on them.
+    the planner's memory ConfigMap, data against a ConfigMap's limit; the MULTIWORLD_WORLDS
+    string of the pod in most worlds (its pod body, NUL included) against Linux's limit on one
+    environment string, that pod's annotations against the API server's limit on them, and its
+    worker's longest message against the line the worker channel reads.
 """
 
 from __future__ import annotations

@@ -85,10 +85,9 @@ MAX_SPARES = 64
 # written for it to its limit; `bench/scale.py --largest` reports the figures):
 # - A pod's worlds: their assignments are one environment string of its container
 #   (MULTIWORLD_WORLDS), which Linux caps at 128 KiB (MAX_ARG_STRLEN: past it the container
-#   cannot start), and its annotations (the operator's created-for stamp, the worker's status
-#   and a broken-world report per world) share the 256 KiB an object's annotations may hold.
-#   The annotations bind first; the cap keeps them within two thirds of their limit, leaving
-#   room for the template's own and for reports' reasons longer than MAX_MESSAGE.
+#   cannot start); its annotations (the operator's created-for stamp) and its worker's status
+#   (one line of the worker channel) grow with them too, well within their limits. The
+#   environment binds first; the cap keeps it well within its limit.
 MAX_WORLDS_PER_POD = 200
 # - The longest message the status keeps per world or per pod (why a world failed, why a pod
 #   waits), as the caps below assume it; the reasons of workers' reports are taken at this

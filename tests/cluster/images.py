@@ -517,7 +517,7 @@ def _build_images(archive: Path, work: Path, context: Path) -> None:
 def _smoke_test(docker: Docker) -> None:
     """Each image does its job: the worker imports torch (the pinned CPU build) and the library,
     the operator's entrypoint answers --help and it has no torch."""
-    probe = "import torch, multiworld, multiworld.channels.kubernetes; print(torch.__version__, torch.version.cuda)"
+    probe = "import torch, multiworld, multiworld.channels.stream; print(torch.__version__, torch.version.cuda)"
     worker = docker.output("run", "--rm", "--network=none", "multiworld/worker:dev", "python", "-c", probe).split()
     if worker != [f"{pinned_torch()}+cpu", "None"]:
         raise ImageError(f"the worker image's torch is {worker}, expected {pinned_torch()}+cpu without CUDA")

@@ -1,25 +1,28 @@
-"""The Kubernetes platform: MultiWorld custom resources become pods, a headless Service, a
-NetworkPolicy and the world table's ConfigMaps.
+"""The Kubernetes platform: MultiWorld custom resources become pods, a headless Service and a
+NetworkPolicy; the world table goes to the workers over the worker channel.
 
-The planner decides everything; this package only observes (the MultiWorld, its pods and
-their annotations) and executes (pod deletes and creates, the table, the status subresource,
-Events).
+The planner decides everything; this package only observes (the MultiWorld, its pods, what
+their workers said over the channel) and executes (pod deletes and creates, the table, the
+status subresource, Events).
 
 - `bodies`: the pod, Service and NetworkPolicy bodies, labels, annotations, rendezvous hosts (pure).
 - `ports`: a rendezvous port per world, stable across spec edits (pure).
 - `observe`: pods as the API returns them -> the planner's Observation parts (pure).
 - `pod_cache`: a MultiWorld's pods as last seen, kept current by the watch and our own writes (pure).
-- `world_tables`: the live world table, one ConfigMap per world (pure).
 - `planner_memory`: the planner's whole status, kept in a ConfigMap across operator restarts (pure).
 - `refusal`: the status an invalid spec or a failed step gets (pure).
 - `errors`: what a step fails with, how a failure reads, and names taken by objects not ours (pure).
-- `api`: the few API calls the operator makes, async, with timeouts (the request timeout, merge
-  patches, Event bodies and the API's error text are shared with the worker: multiworld.kube_api),
-  and `gather_bounded`, which keeps a step's requests in flight a few at a time.
-- `configmap_writer`: one MultiWorld's ConfigMaps written at the resourceVersion last seen.
+- `api_basics`: the request timeout, merge patches, Event bodies, the retry backoff and the API's
+  error text (no kubernetes import).
+- `api`: the few API calls the operator makes, async, with timeouts, and `gather_bounded`, which
+  keeps a step's requests in flight a few at a time.
+- `configmap_writer`: the memory's ConfigMap written at the resourceVersion last seen.
 - `memory_store`: the planner's memory read once and stored whenever it changed.
-- `table_publisher`: the world table's ConfigMaps made to hold the planner's table.
-- `networking`: the headless Service and the NetworkPolicy made to exist as the spec wants.
+- `networking`: the headless Service and the NetworkPolicy made to exist as the spec wants, and
+  made so again when the watch shows them changed.
+- `channel_settings`: where the worker channel listens and what pods are told (from the env).
+- `worker_identity`: which pod a worker channel connection speaks for (its token, a TokenReview).
+- `worker_inbox`: what one MultiWorld's workers said: their status, and the reports that count (pure).
 - `status_writer`: the status subresource: the planner's view, a refusal, a failed step.
 - `events`: the Events on a MultiWorld, best effort, a recurring refusal posted once.
 - `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store.
