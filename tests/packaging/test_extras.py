@@ -25,10 +25,11 @@ WHEEL_INPUTS = ("pyproject.toml", "README.md", "worker", "operator")
 
 # Lower bounds: torch as verified (2.13 CPU, 2.11 NCCL); kubernetes 36, the first client whose
 # API methods take `_content_type`; urllib3 2.3.0, the first with HTTPResponse.shutdown();
-# kopf 1.45, the first with settings.watching.label_selectors.
+# kopf 1.45, the first with settings.watching.label_selectors; cryptography 42, as tested (the
+# webhook's certificate).
 DECLARED: dict[str, dict[str, str]] = {
     "worker": {"torch": ">=2.11,<2.14", "kubernetes": ">=36", "urllib3": ">=2.3"},
-    "operator": {"kopf": ">=1.45", "kubernetes": ">=36", "urllib3": ">=2.3"},
+    "operator": {"kopf": ">=1.45", "kubernetes": ">=36", "urllib3": ">=2.3", "cryptography": ">=42"},
 }
 
 # What the channel needs of kubernetes and urllib3 (both extras import it). The call goes to a
@@ -59,6 +60,9 @@ OPERATOR_CHECK = (
     + """
 import kopf, multiworld_operator, multiworld_operator.kube.handlers, multiworld_operator.kube.main
 kopf.OperatorSettings().watching.label_selectors
+from datetime import UTC, datetime
+from multiworld_operator.kube.webhook_tls import self_signed
+assert b"BEGIN CERTIFICATE" in self_signed(["webhook.ns.svc", "127.0.0.1"], datetime.now(UTC))[0]
 try:
     import torch
 except ModuleNotFoundError:
