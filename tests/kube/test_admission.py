@@ -29,6 +29,10 @@ from multiworld_test_cluster import Cluster
 from operator_support import CHART_DIR, GROUP, HELM_TIMEOUT_S, PLURAL, VERSION, WAIT_S, refusals, two_worlds
 from webhook_support import ca_bundle, serve_from_this_host
 
+from multiworld_operator import cli
+from multiworld_operator.kube import main as operator_main
+from multiworld_operator.kube.admission import Webhook
+
 pytestmark = pytest.mark.kube
 
 OPERATOR_STOP_TIMEOUT_S = 30.0
@@ -221,3 +225,23 @@ def test_with_the_operator_down_fail_refuses(kube_cluster: Cluster, namespace: s
         assert refused.returncode != 0, refused.stdout
         assert f'failed calling webhook "{WEBHOOK}"' in refused.stderr
         assert mw.get("good") is None
+
+
+def test_operator_flags_serve_the_webhook_only_when_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started: list[Webhook | None] = []
+
+    def run_operator(namespaces: list[str], liveness: str | None = None, webhook: Webhook | None = None) -> int:
+        started.append(webhook)
+        return 0
+
+    monkeypatch.setattr(operator_main, "run_operator", run_operator)
+    assert cli.main(["operator"]) == 0
+    flags = ["--webhook-port", "9443", "--webhook-host", "w.ns.svc", "--webhook-configuration", "mw"]
+    assert cli.main(["operator", *flags]) == 0
+    assert started == [None, Webhook(9443, "w.ns.svc", "mw")]
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["operator", "--webhook-port", "9443"])
+    assert refused.value.code == 2
+    assert "--webhook-port needs --webhook-host and --webhook-configuration" in capsys.readouterr().err

@@ -153,8 +153,9 @@ class CaBundle:
 
 
 class AdmissionServer:
-    """`settings.admission.server`: kopf's server on `port` (every interface), its certificate
-    for `host` (the name the API server calls it by) and localhost, kept in `bundle`."""
+    """`settings.admission.server`: kopf's server on `port` (every interface), its certificate,
+    kept in `bundle`, for `host` (the name the API server calls it by) and for localhost (a
+    caller on the same machine: an API server beside an operator run outside the cluster)."""
 
     def __init__(self, port: int, host: str, bundle: CaBundle) -> None:
         self.port = port
