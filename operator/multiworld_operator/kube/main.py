@@ -14,9 +14,11 @@ def run_operator(namespaces: list[str], liveness: str | None = None, webhook: We
     """Serve MultiWorlds in `namespaces` (every namespace when empty) until SIGINT/SIGTERM;
     `liveness` (e.g. http://0.0.0.0:8080/healthz) serves kopf's health endpoint; `webhook`, the
     validating admission webhook."""
-    # Our handlers only wake reconcile loops; kopf's line per handled event is noise at INFO.
-    objects = logging.getLogger("kopf.objects")
-    objects.setLevel(max(logging.WARNING, objects.getEffectiveLevel()))
+    # Our handlers only wake reconcile loops; kopf's line per handled event is noise at INFO, and
+    # so is aiohttp's per call of the webhook (a refusal is kopf's error line).
+    for name in ("kopf.objects", "aiohttp.access"):
+        logger = logging.getLogger(name)
+        logger.setLevel(max(logging.WARNING, logger.getEffectiveLevel()))
     settings = kopf.OperatorSettings()
     if webhook is not None:
         enable(webhook, settings, kopf.get_default_registry())
