@@ -12,7 +12,7 @@ from kubernetes import client
 from multiworld_operator.kube.admission import HANDLER_ID
 
 JSON_PATCH = "application/json-patch+json"
-NAME_LABEL = "kubernetes.io/metadata.name"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 CA_BUNDLE_TIMEOUT_S = 90.0
 
 
@@ -22,7 +22,7 @@ def serve_from_this_host(api: client.ApiClient, configuration: str, port: int, n
     Kubernetes sets itself from 1.21 on (the chart's namespaceSelector; this API server is 1.20)."""
     core = client.CoreV1Api(api)
     for namespace in namespaces:
-        core.patch_namespace(namespace, {"metadata": {"labels": {NAME_LABEL: namespace}}})
+        core.patch_namespace(namespace, {"metadata": {"labels": {NAMESPACE_NAME_LABEL: namespace}}})
     url = f"https://localhost:{port}/{HANDLER_ID}"
     client.AdmissionregistrationV1Api(api).patch_validating_webhook_configuration(
         configuration,
