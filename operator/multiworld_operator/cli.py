@@ -86,6 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
     op.add_argument("--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    op.add_argument(
+        "--webhook-port", type=int, metavar="PORT", help="serve the validating admission webhook on PORT (HTTPS)"
+    )
+    op.add_argument(
+        "--webhook-host",
+        metavar="NAME",
+        help="with --webhook-port: the name the API server calls the webhook by (its certificate's), "
+        "e.g. SERVICE.NAMESPACE.svc",
+    )
+    op.add_argument(
+        "--webhook-configuration",
+        metavar="NAME",
+        help="with --webhook-port: the ValidatingWebhookConfiguration whose caBundle the operator keeps",
+    )
 
     sub.add_parser("crd", help="print the MultiWorld CustomResourceDefinition generated from the spec models")
     return parser
@@ -114,9 +128,15 @@ def main(argv: list[str] | None = None) -> int:
         from multiworld_operator.kube.status_command import show
 
         return show(args.name, args.namespace, args.watch, args.kubeconfig)
+    from multiworld_operator.kube.admission import Webhook
     from multiworld_operator.kube.main import run_operator
 
-    return run_operator(namespaces=args.namespace, liveness=args.liveness)
+    webhook = None
+    if args.webhook_port is not None:
+        if not args.webhook_host or not args.webhook_configuration:
+            build_parser().error("--webhook-port needs --webhook-host and --webhook-configuration")
+        webhook = Webhook(args.webhook_port, args.webhook_host, args.webhook_configuration)
+    return run_operator(namespaces=args.namespace, liveness=args.liveness, webhook=webhook)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import helm_python as helm
 import pytest
 from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, REPO, Manifest, Rendered, example_pod_templates
 
+from multiworld_operator.kube.admission import HANDLER_ID
+
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
 
@@ -35,8 +37,11 @@ KOPF_CLUSTER_READS = (
     | grants("", ["namespaces"], ["list", "watch"])
     | grants("authentication.k8s.io", ["tokenreviews"], ["create"])
 )
+# The admission webhook's CA, written into the release's own webhook configuration only.
+WEBHOOK_CA = grants("admissionregistration.k8s.io", ["validatingwebhookconfigurations"], ["get", "patch"])
 
 NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+WEBHOOK_DEFAULTS = {"enabled": True, "failurePolicy": "Fail", "port": 9443, "timeoutSeconds": 5}
 BOTH_MODES = pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["all-namespaces", "namespaced"])
 
 
@@ -91,7 +96,7 @@ def test_no_rule_uses_a_wildcard(render: Callable[..., Rendered], values: dict[s
 def test_all_namespaces_mode_grants_through_one_cluster_role(render: Callable[..., Rendered]) -> None:
     rendered = render()
     cluster_role = rendered.one("ClusterRole", FULLNAME)
-    assert granted(cluster_role) == OPERATOR_IN_NAMESPACE | KOPF_CLUSTER_READS
+    assert granted(cluster_role) == OPERATOR_IN_NAMESPACE | KOPF_CLUSTER_READS | WEBHOOK_CA
     binding = rendered.one("ClusterRoleBinding", FULLNAME)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": FULLNAME}
     assert binding["subjects"] == [operator_subject()]
@@ -103,7 +108,7 @@ def test_namespaced_mode_grants_a_role_per_namespace_and_only_kopf_reads_cluster
     render: Callable[..., Rendered],
 ) -> None:
     rendered = render(NAMESPACED)
-    assert granted(rendered.one("ClusterRole", FULLNAME)) == KOPF_CLUSTER_READS
+    assert granted(rendered.one("ClusterRole", FULLNAME)) == KOPF_CLUSTER_READS | WEBHOOK_CA
     for namespace in NAMESPACED["watchNamespaces"]:
         assert granted(rendered.one("Role", FULLNAME, namespace)) == OPERATOR_IN_NAMESPACE
         binding = rendered.one("RoleBinding", FULLNAME, namespace)
@@ -171,7 +176,7 @@ def test_image_and_health_port_come_from_values(chart: helm.Chart, render: Calla
     assert main["image"] == "registry.example/mw-op:1.2.3"
     assert main["imagePullPolicy"] == "Always"
     assert main["args"][:2] == ["--liveness", "http://0.0.0.0:9090/healthz"]
-    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {"health": 9090, "channel": 7443}
+    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {"health": 9090, "channel": 7443, "webhook": 9443}
     assert {"name": "MULTIWORLD_LOG_LEVEL", "value": "DEBUG"} in main["env"]
 
 
@@ -225,6 +230,10 @@ def test_workers_create_false_renders_no_worker_objects(render: Callable[..., Re
         ({"workers": {"create": True, "serviceAccountName": "w", "namespaces": [], "extra": 1}}, "extra"),
         ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0"),
         ({"logLevel": "LOUD"}, "/logLevel"),
+        ({"webhook": {**WEBHOOK_DEFAULTS, "failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+        ({"webhook": {**WEBHOOK_DEFAULTS, "timeoutSeconds": 31}}, "/webhook/timeoutSeconds"),
+        ({"webhook": {**WEBHOOK_DEFAULTS, "port": 0}}, "/webhook/port"),
+        ({"webhook": {**WEBHOOK_DEFAULTS, "caBundle": "x"}}, "caBundle"),
     ],
     ids=[
         "too-many-replicas",
@@ -234,6 +243,10 @@ def test_workers_create_false_renders_no_worker_objects(render: Callable[..., Re
         "unknown-nested-key",
         "bad-namespace",
         "bad-log-level",
+        "bad-webhook-failure-policy",
+        "webhook-timeout-over-30",
+        "bad-webhook-port",
+        "unknown-webhook-key",
     ],
 )
 def test_schema_refuses_bad_values_naming_them(
@@ -259,3 +272,79 @@ def test_example_manifests_run_as_the_workers_service_account(chart: helm.Chart)
     assert templates
     for example, template in templates:
         assert template["spec"].get("serviceAccountName") == default_account, example
+
+
+# -- the admission webhook ----------------------------------------------------------------------
+
+
+def webhook_args(rendered: Rendered) -> dict[str, str]:
+    args = container(rendered)["args"]
+    return {arg: args[i + 1] for i, arg in enumerate(args) if arg.startswith("--webhook-")}
+
+
+def test_webhook_asks_the_operator_about_multiworld_creates_and_updates_only(
+    chart: helm.Chart, render: Callable[..., Rendered]
+) -> None:
+    assert chart.values["webhook"] == WEBHOOK_DEFAULTS
+    rendered = render()
+    configuration = rendered.one("ValidatingWebhookConfiguration", FULLNAME)
+    (webhook,) = configuration["webhooks"]
+    assert webhook["rules"] == [
+        {
+            "apiGroups": ["multiworld.io"],
+            "apiVersions": ["*"],
+            "resources": ["multiworlds"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert (webhook["failurePolicy"], webhook["timeoutSeconds"], webhook["sideEffects"]) == ("Fail", 5, "None")
+    assert "namespaceSelector" not in webhook
+    # No caBundle: the operator writes it (and Helm leaves a field it never set alone).
+    service = webhook["clientConfig"]["service"]
+    assert webhook["clientConfig"].keys() == {"service"}
+    assert service["path"] == f"/{HANDLER_ID}"
+    # The Service leads to the operator's webhook port, whose certificate names the Service.
+    svc = rendered.one("Service", service["name"], service["namespace"])
+    assert service["namespace"] == RELEASE_NAMESPACE
+    (port,) = svc["spec"]["ports"]
+    assert port["port"] == service["port"]
+    assert (
+        svc["spec"]["selector"]
+        == rendered.one("Deployment", FULLNAME, RELEASE_NAMESPACE)["spec"]["selector"]["matchLabels"]
+    )
+    ports = {p["name"]: p["containerPort"] for p in container(rendered)["ports"]}
+    assert ports[port["targetPort"]] == 9443
+    assert webhook_args(rendered) == {
+        "--webhook-port": "9443",
+        "--webhook-host": f"{service['name']}.{RELEASE_NAMESPACE}.svc",
+        "--webhook-configuration": FULLNAME,
+    }
+    # The operator may write only this configuration.
+    rules = rendered.one("ClusterRole", FULLNAME)["rules"]
+    (rule,) = [r for r in rules if "validatingwebhookconfigurations" in r["resources"]]
+    assert rule["resourceNames"] == [FULLNAME]
+
+
+def test_webhook_values_reach_the_configuration_and_the_operator(render: Callable[..., Rendered]) -> None:
+    values = {"webhook": {"enabled": True, "failurePolicy": "Ignore", "port": 10443, "timeoutSeconds": 2}}
+    rendered = render({**values, **NAMESPACED})
+    (webhook,) = rendered.one("ValidatingWebhookConfiguration", FULLNAME)["webhooks"]
+    assert (webhook["failurePolicy"], webhook["timeoutSeconds"]) == ("Ignore", 2)
+    # Watching a list of namespaces, it is asked about those only.
+    assert webhook["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": NAMESPACED["watchNamespaces"]}
+        ]
+    }
+    assert webhook_args(rendered)["--webhook-port"] == "10443"
+    assert {p["name"]: p["containerPort"] for p in container(rendered)["ports"]}["webhook"] == 10443
+
+
+def test_webhook_disabled_renders_no_webhook_objects_args_or_rights(render: Callable[..., Rendered]) -> None:
+    rendered = render({"webhook": {**WEBHOOK_DEFAULTS, "enabled": False}})
+    assert rendered.of_kind("ValidatingWebhookConfiguration") == []
+    assert [s["metadata"]["name"] for s in rendered.of_kind("Service")] == [FULLNAME]  # the worker channel's
+    assert webhook_args(rendered) == {}
+    assert [p["name"] for p in container(rendered)["ports"]] == ["health", "channel"]
+    assert granted(rendered.one("ClusterRole", FULLNAME)) == OPERATOR_IN_NAMESPACE | KOPF_CLUSTER_READS

@@ -211,6 +211,8 @@ def test_operator_entrypoint_is_the_console_script_and_accepts_the_chart_args(
     assert parsed.command == "operator"
     assert parsed.liveness == "http://0.0.0.0:8080/healthz"
     assert parsed.namespace == values.get("watchNamespaces", [])
+    assert (parsed.webhook_port, parsed.webhook_configuration) == (9443, FULLNAME)
+    assert parsed.webhook_host == f"{FULLNAME}-webhook.{RELEASE_NAMESPACE}.svc"
 
 
 # What the operator image runs, in an interpreter where `import torch` fails (that image has none).

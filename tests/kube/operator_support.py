@@ -70,7 +70,10 @@ def cluster_release(cluster: Cluster) -> Release:
         namespace = f"mw-system-{uuid.uuid4().hex[:6]}"
         with cluster.api_client() as api:
             client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-        _releases[cluster.directory] = install_release(cluster, namespace, {})
+        # The operator here runs in-process (KopfRunner) without the admission webhook, which
+        # test_admission.py covers: a configuration calling a Service nobody serves would refuse
+        # every MultiWorld (failurePolicy Fail).
+        _releases[cluster.directory] = install_release(cluster, namespace, {"webhook": {"enabled": False}})
     return _releases[cluster.directory]
 
 

@@ -3,7 +3,8 @@
 authorizer grants exactly what the operator and the workers need; an upgrade that switches to
 namespaced RBAC is applied; an uninstall removes everything but the CRD (Helm keeps crds/).
 And the real operator, started as the image starts it and holding only the chart's
-ServiceAccount token, serves an example MultiWorld in both RBAC modes without a refusal."""
+ServiceAccount token, serves an example MultiWorld in both RBAC modes without a refusal, the
+MultiWorld admitted by its webhook."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
 from operator_support import refusals
+from webhook_support import serve_from_this_host, wait_ca_bundle
 
 pytestmark = pytest.mark.kube
 
@@ -91,6 +93,12 @@ def release_objects(
         ),
         f"ClusterRole {fullname}": exists(lambda: rbac.read_cluster_role(fullname)),
         f"ClusterRoleBinding {fullname}": exists(lambda: rbac.read_cluster_role_binding(fullname)),
+        f"ValidatingWebhookConfiguration {fullname}": exists(
+            lambda: client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(fullname)
+        ),
+        f"Service {namespace}/{fullname}-webhook": exists(
+            lambda: core.read_namespaced_service(f"{fullname}-webhook", namespace)
+        ),
         f"ServiceAccount {namespace}/{WORKER_SA}": exists(
             lambda: core.read_namespaced_service_account(WORKER_SA, namespace)
         ),
@@ -230,7 +238,8 @@ def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
 ) -> None:
     release = f"mw-{uuid.uuid4().hex[:6]}"
     fullname = f"{release}-multiworld-operator"
-    values: dict[str, Any] = {"healthPort": cluster_module.free_port()}
+    webhook_port = cluster_module.free_port()
+    values: dict[str, Any] = {"healthPort": cluster_module.free_port(), "webhook": {"port": webhook_port}}
     if mode == "namespaced":
         values["watchNamespaces"] = [namespace]
     manifest = yaml.safe_load(EXAMPLE.read_text())
@@ -244,7 +253,10 @@ def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
         config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
         try:
+            # The MultiWorld passes the operator's admission webhook on its way in.
+            serve_from_this_host(api, fullname, webhook_port, [namespace])
             with operator_process(kube_cluster, namespace, fullname, log_path) as health_port:
+                wait_ca_bundle(api, fullname)
                 custom.create_namespaced_custom_object("multiworld.io", "v1alpha1", namespace, "multiworlds", manifest)
                 pods = cluster_module.wait_for(
                     f"the operator to create the {pod_count} pods of {name}",

@@ -24,10 +24,11 @@ CONSTRAINTS = REPO / "constraints.txt"
 WHEEL_INPUTS = ("pyproject.toml", "README.md", "worker", "operator")
 
 # Lower bounds: torch as verified (2.13 CPU, 2.11 NCCL); kubernetes 36, the first client whose
-# API methods take `_content_type`; kopf 1.45, the first with settings.watching.label_selectors.
+# API methods take `_content_type`; kopf 1.45, the first with settings.watching.label_selectors;
+# cryptography 42, as tested (the webhook's certificate).
 DECLARED: dict[str, dict[str, str]] = {
     "worker": {"torch": ">=2.11,<2.14"},
-    "operator": {"kopf": ">=1.45", "kubernetes": ">=36"},
+    "operator": {"kopf": ">=1.45", "kubernetes": ">=36", "cryptography": ">=42"},
 }
 
 # The worker needs no Kubernetes client: its channel is plain TCP to the operator.
@@ -57,6 +58,9 @@ except Exception:
     pass
 import kopf, multiworld_operator, multiworld_operator.kube.handlers, multiworld_operator.kube.main
 kopf.OperatorSettings().watching.label_selectors
+from datetime import UTC, datetime
+from multiworld_operator.kube.webhook_tls import self_signed
+assert b"BEGIN CERTIFICATE" in self_signed(["webhook.ns.svc", "127.0.0.1"], datetime.now(UTC))[0]
 try:
     import torch
 except ModuleNotFoundError:

@@ -83,3 +83,13 @@ their NetworkPolicies (spec.networkPolicy), and post Events. Used by the Cluster
   resources: ["configmaps"]
   verbs: ["get", "create", "update"]
 {{- end }}
+
+{{/* The admission webhook's Service (a DNS label: the full name leaves room for the suffix). */}}
+{{- define "multiworld-operator.webhookService" -}}
+{{- printf "%s-webhook" (include "multiworld-operator.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The name the API server calls the webhook by: its certificate is made for it. */}}
+{{- define "multiworld-operator.webhookHost" -}}
+{{- printf "%s.%s.svc" (include "multiworld-operator.webhookService" .) .Release.Namespace }}
+{{- end }}

@@ -28,6 +28,9 @@ status subresource, Events).
 - `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store.
 - `controller`: one reconcile loop per MultiWorld, woken by watch events.
 - `handlers`: the kopf handlers (they only wake loops); `main.run_operator` runs kopf.
+- `admission`: the validating admission webhook (an invalid spec refused at `kubectl apply`,
+  named as SpecValid names it), registered when the operator serves a webhook port;
+  `webhook_tls`: its self-signed certificate, renewed while it runs, and the caBundle it keeps.
 - `status_command`: `multiworld status`, a MultiWorld as a user reads it from the kubeconfig
   (a command of the CLI, not part of the operator).
 """

@@ -36,7 +36,7 @@ def refusal_patch(
 ) -> dict[str, Any] | None:
     """The status fields to set for an invalid spec (a merge patch that only sets), or None
     when `stored` already says so for this generation."""
-    message = "invalid spec: " + "; ".join(problems)
+    message = refusal_message(problems)
     stored = stored or {}
     old = _condition(stored, SPEC_VALID)
     if old is not None and old.get("message") == message and stored.get("observedGeneration") == generation:
@@ -54,6 +54,12 @@ def refusal_patch(
         }
     kept = [_dump(c) for c in previous.conditions if c.type != SPEC_VALID]
     return {"observedGeneration": generation, "conditions": [*kept, _dump(refusal)]}
+
+
+def refusal_message(problems: list[str]) -> str:
+    """What SpecValid and the admission webhook say of an invalid spec: every problem, each
+    naming its field (spec.parse_manifest's SpecError.problems)."""
+    return "invalid spec: " + "; ".join(problems)
 
 
 def error_patch(stored: Mapping[str, Any] | None, reason: str, message: str, now: datetime) -> dict[str, Any] | None:

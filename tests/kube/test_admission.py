@@ -1,0 +1,247 @@
+"""The admission webhook with the real kubectl: the chart installed with real Helm, `multiworld
+operator` started with its Deployment's args and only its ServiceAccount's token (it makes its
+certificate and writes its CA into the chart's webhook configuration), the configuration
+pointed at this host (webhook_support.py). An invalid spec is refused at `kubectl apply` with
+every mistake named as `multiworld run` names it; a valid one is admitted; with the operator
+down, failurePolicy decides: Ignore admits (and the operator, back, marks the object
+SpecValid=False), Fail refuses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import helm_python as helm
+import multiworld_test_cluster as cluster_module  # registered by conftest.py
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from multiworld_test_cluster import Cluster
+from operator_support import CHART_DIR, GROUP, HELM_TIMEOUT_S, PLURAL, VERSION, WAIT_S, refusals, two_worlds
+from webhook_support import ca_bundle, serve_from_this_host
+
+from multiworld_operator import cli
+from multiworld_operator.kube import main as operator_main
+from multiworld_operator.kube.admission import Webhook
+
+pytestmark = pytest.mark.kube
+
+OPERATOR_STOP_TIMEOUT_S = 30.0
+WEBHOOK = "spec.multiworld.io"
+
+
+def four_mistakes() -> dict[str, Any]:
+    """A MultiWorld the CRD's schema admits, with four mistakes only the spec's validation sees."""
+    manifest = two_worlds("9-lives")  # metadata.name: a Service name must start with a letter
+    spec = manifest["spec"]
+    spec["members"].append({"name": "a", "replicas": 1})  # spec.members[3].name: declared twice
+    spec["worlds"][0]["ranks"].append("ghost")  # spec.worlds[0].ranks[2]: not declared
+    spec["worlds"][1]["name"] = spec["worlds"][0]["name"]  # spec.worlds[1].name: declared twice
+    return manifest
+
+
+FOUR_FIELDS = ["metadata.name", "spec.members[3].name", "spec.worlds[0].ranks[2]", "spec.worlds[1].name"]
+
+
+@dataclass
+class Release:
+    """The chart installed, watching `namespace`, its webhook pointed at this host."""
+
+    cluster: Cluster
+    api: client.ApiClient
+    namespace: str
+    fullname: str
+    folder: Path
+
+    @contextmanager
+    def operator(self) -> Iterator[None]:
+        """`multiworld operator` as the Deployment starts it, as the chart's ServiceAccount; up
+        once it has written its CA. On exit: stopped, and none of its requests was refused."""
+        read = client.AppsV1Api(self.api).read_namespaced_deployment(self.fullname, self.namespace)
+        (container,) = self.api.sanitize_for_serialization(read)["spec"]["template"]["spec"]["containers"]
+        kubeconfig = self.cluster.serviceaccount_kubeconfig(self.namespace, self.fullname)
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), **{e["name"]: e["value"] for e in container["env"]}}
+        entrypoint = [str(Path(sys.executable).parent / "multiworld"), "operator"]
+        log_path = self.folder / f"operator-{uuid.uuid4().hex[:6]}.log"
+        before = ca_bundle(self.api, self.fullname)
+        with open(log_path, "wb") as log_file:
+            command = [*entrypoint, *container["args"]]
+            process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            # Each start makes a new certificate: a CA that changed is this operator's.
+            cluster_module.wait_for(
+                "the operator to write its CA", lambda: ca_bundle(self.api, self.fullname) != before or None, WAIT_S
+            )
+            yield
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(OPERATOR_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        log = log_path.read_text(errors="replace")
+        assert not refusals(log), log[-3000:]
+
+    def apply(self, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        """`kubectl apply -f` of the manifest, as a user types it."""
+        path = self.folder / f"{manifest['metadata']['name']}-{uuid.uuid4().hex[:6]}.yaml"
+        path.write_text(yaml.safe_dump(manifest))
+        return self.kubectl("apply", "-f", str(path))
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The real kubectl as the admin, in the release's namespace."""
+        binary = cluster_module.find_node_binaries().kubectl
+        command = [str(binary), f"--kubeconfig={self.cluster.kubeconfig}", "-n", self.namespace, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        try:
+            found = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return cast("dict[str, Any]", found)  # the custom objects API returns the object as JSON
+
+
+@contextmanager
+def release(kube_cluster: Cluster, namespace: str, failure_policy: str, folder: Path) -> Iterator[Release]:
+    name = f"mw-{uuid.uuid4().hex[:6]}"
+    webhook_port = cluster_module.free_port()
+    values: dict[str, Any] = {
+        "watchNamespaces": [namespace],
+        "healthPort": cluster_module.free_port(),
+        "webhook": {"failurePolicy": failure_policy, "port": webhook_port},
+    }
+    with (
+        kube_cluster.api_client() as api,
+        helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config,
+    ):
+        installed = config.install(CHART_DIR, name, values, timeout=HELM_TIMEOUT_S)
+        assert installed["status"] == "deployed", installed
+        fullname = f"{name}-multiworld-operator"
+        try:
+            serve_from_this_host(api, fullname, webhook_port, [namespace])
+            yield Release(kube_cluster, api, namespace, fullname, folder)
+        finally:
+            config.uninstall(name, timeout=HELM_TIMEOUT_S)
+
+
+def run_problems(manifest_path: Path) -> list[str]:
+    """The problems `multiworld run` names for the manifest (one per line, indented)."""
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "multiworld"), "run", str(manifest_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 2, run.stderr
+    return [line.strip() for line in run.stderr.splitlines() if line.startswith("  ")]
+
+
+def test_apply_of_four_mistakes_is_refused_naming_each_as_multiworld_run_does(
+    kube_cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    manifest = four_mistakes()
+    path = tmp_path / "four-mistakes.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    problems = run_problems(path)
+    assert [p.split(":")[0] for p in problems] == FOUR_FIELDS, problems
+    with release(kube_cluster, namespace, "Fail", tmp_path) as mw, mw.operator():
+        refused = mw.apply(manifest)
+        assert refused.returncode != 0, refused.stdout
+        assert f'admission webhook "{WEBHOOK}" denied the request: invalid spec: ' in refused.stderr
+        for problem in problems:
+            assert problem in refused.stderr
+        assert mw.get(manifest["metadata"]["name"]) is None
+
+
+def test_apply_of_a_valid_spec_is_admitted_and_an_edit_with_a_mistake_refused(
+    kube_cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    manifest = two_worlds("good")
+    with release(kube_cluster, namespace, "Fail", tmp_path) as mw, mw.operator():
+        admitted = mw.apply(manifest)
+        assert admitted.returncode == 0, admitted.stderr
+        assert "created" in admitted.stdout
+        assert mw.get("good") is not None
+        manifest["spec"]["worlds"][1]["ranks"].append("ghost")
+        refused = mw.apply(manifest)
+        assert refused.returncode != 0, refused.stdout
+        assert "spec.worlds[1].ranks[2]: member 'ghost' is not declared" in refused.stderr
+        stored = mw.get("good")
+        assert stored is not None and "ghost" not in stored["spec"]["worlds"][1]["ranks"]
+
+
+def test_with_the_operator_down_ignore_admits_and_spec_valid_names_the_mistakes(
+    kube_cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    manifest = four_mistakes()
+    name = manifest["metadata"]["name"]
+    with release(kube_cluster, namespace, "Ignore", tmp_path) as mw:
+        with mw.operator():
+            pass
+        admitted = mw.apply(manifest)  # nothing listens: the API server cannot call the webhook
+        assert admitted.returncode == 0, admitted.stderr
+        with mw.operator():
+            # Back, the operator marks it: the same problems, in the status.
+            condition = cluster_module.wait_for(
+                "SpecValid=False",
+                lambda: next(
+                    (
+                        c
+                        for c in ((mw.get(name) or {}).get("status") or {}).get("conditions") or []
+                        if c["type"] == "SpecValid" and c["status"] == "False"
+                    ),
+                    None,
+                ),
+                WAIT_S,
+            )
+            for field in FOUR_FIELDS:
+                assert f"{field}:" in condition["message"]
+            # An update that leaves the spec as it was is admitted: the object stays editable.
+            labelled = mw.kubectl("label", "mw", name, "a=b")
+            assert labelled.returncode == 0, labelled.stderr
+
+
+def test_with_the_operator_down_fail_refuses(kube_cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    with release(kube_cluster, namespace, "Fail", tmp_path) as mw:
+        with mw.operator():
+            pass
+        refused = mw.apply(two_worlds("good"))
+        assert refused.returncode != 0, refused.stdout
+        assert f'failed calling webhook "{WEBHOOK}"' in refused.stderr
+        assert mw.get("good") is None
+
+
+def test_operator_flags_serve_the_webhook_only_when_given(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started: list[Webhook | None] = []
+
+    def run_operator(namespaces: list[str], liveness: str | None = None, webhook: Webhook | None = None) -> int:
+        started.append(webhook)
+        return 0
+
+    monkeypatch.setattr(operator_main, "run_operator", run_operator)
+    assert cli.main(["operator"]) == 0
+    flags = ["--webhook-port", "9443", "--webhook-host", "w.ns.svc", "--webhook-configuration", "mw"]
+    assert cli.main(["operator", *flags]) == 0
+    assert started == [None, Webhook(9443, "w.ns.svc", "mw")]
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["operator", "--webhook-port", "9443"])
+    assert refused.value.code == 2
+    assert "--webhook-port needs --webhook-host and --webhook-configuration" in capsys.readouterr().err
