@@ -24,6 +24,13 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _lease_seconds(text: str) -> int:
+    value = int(text)
+    if value < 3:
+        raise argparse.ArgumentTypeError(f"must be >= 3 (seconds), got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multiworld", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
@@ -86,6 +93,21 @@ def build_parser() -> argparse.ArgumentParser:
     op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
     op.add_argument("--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    op.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="act only while holding a Lease, so that replicas stand by (default: off, this operator acts alone)",
+    )
+    op.add_argument("--lease-namespace", help="the Lease's namespace (default: $POD_NAMESPACE)")
+    op.add_argument("--lease-name", default="multiworld-operator", help="the Lease's name (default: %(default)s)")
+    op.add_argument(
+        "--lease-duration",
+        type=_lease_seconds,
+        default=15,
+        metavar="SECONDS",
+        help="a standby takes over a Lease not renewed for this long (default: %(default)s)",
+    )
 
     sub.add_parser("crd", help="print the MultiWorld CustomResourceDefinition generated from the spec models")
     return parser
@@ -99,7 +121,8 @@ def _configure_logging(verbose: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     if args.command == "crd":
         from multiworld_operator.crd import crd_yaml
@@ -114,9 +137,16 @@ def main(argv: list[str] | None = None) -> int:
         from multiworld_operator.kube.status_command import show
 
         return show(args.name, args.namespace, args.watch, args.kubeconfig)
+    from multiworld_operator.kube.leadership import LeaseConfig
     from multiworld_operator.kube.main import run_operator
 
-    return run_operator(namespaces=args.namespace, liveness=args.liveness)
+    lease = None
+    if args.leader_election:
+        try:
+            lease = LeaseConfig.from_env(args.lease_namespace, args.lease_name, args.lease_duration)
+        except ValueError as error:
+            parser.error(str(error))
+    return run_operator(namespaces=args.namespace, liveness=args.liveness, lease=lease)
 
 
 if __name__ == "__main__":

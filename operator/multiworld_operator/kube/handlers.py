@@ -1,7 +1,9 @@
 """The kopf handlers: thin. They watch MultiWorlds, the pods and Services labelled with one,
 and the world table's ConfigMaps (one deleted or written by someone else is written again at
 once; the memory's ConfigMap is not watched: memory_store.py), and wake
-that MultiWorld's reconcile loop (controller.py), which observes, plans and executes. No
+that MultiWorld's reconcile loop (controller.py), which observes, plans and executes; with
+leader election (the memo's `lease`, main.py), loops run only while this replica leads
+(leadership.py), and every replica watches all the same. No
 handler writes to the API itself, so kopf keeps no state on the MultiWorld: no finalizer, no
 annotations (deleting a MultiWorld never waits for the operator).
 """
@@ -22,6 +24,7 @@ from ..spec import API_GROUP, API_VERSION, PLURAL
 from .api import CONCURRENCY, KubeApi
 from .bodies import NAME_LABEL
 from .controller import Controller
+from .leadership import Leadership
 
 # Watches end server-side after this long and are re-established; the client gives up a bit
 # later on a connection that went silent.
@@ -61,11 +64,20 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.label_selectors["v1", "configmaps"] = f"{NAME_LABEL},{WORLD_LABEL}"
     # Threads for the blocking client: a reconcile step keeps up to CONCURRENCY requests in flight.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2 * CONCURRENCY, "kube-api"))
-    memo.controller = Controller(KubeApi(api_client()))
+    lease = memo.get("lease")
+    memo.controller = Controller(KubeApi(api_client()), leading=lease is None)
+    if lease is not None:
+        # Its own threads: a renew must not queue behind the requests of large steps.
+        api = KubeApi(api_client(), lease.request_timeout_s, ThreadPoolExecutor(2, "lease"))
+        memo.leadership = Leadership(api, lease, memo.controller, on_lost=memo.lease_lost.set)
+        memo.leadership.start()
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
+    """Every watch has ended: the loops stop, then the Lease is released."""
+    if "leadership" in memo:
+        await memo.leadership.stop()
     await memo.controller.stop()
 
 
