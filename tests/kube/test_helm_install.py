@@ -161,13 +161,17 @@ def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> Non
         )
         assert (upgraded["status"], upgraded["revision"]) == ("deployed", 2)
         container = operator_container(api, fullname, namespace)
-        assert container.args[-4:] == ["--namespace", namespace, "--namespace", watched]
+        watched_args = [container.args[i + 1] for i, arg in enumerate(container.args) if arg == "--namespace"]
+        assert watched_args == [namespace, watched]
         assert {env.name: env.value for env in container.env}["MULTIWORLD_LOG_LEVEL"] == "DEBUG"
         assert all(release_objects(api, fullname, namespace, [namespace, watched]).values())
         assert allowed(api, operator_sa, "create", "pods", watched)
         assert allowed(api, operator_sa, "list", "customresourcedefinitions", None, "apiextensions.k8s.io")
         assert not allowed(api, operator_sa, "create", "pods", "default")
         assert not allowed(api, operator_sa, "list", "pods", None)
+        # Leader election: the Lease in the release namespace only.
+        assert allowed(api, operator_sa, "create", "leases", namespace, "coordination.k8s.io")
+        assert not allowed(api, operator_sa, "create", "leases", watched, "coordination.k8s.io")
         assert allowed(api, (watched, WORKER_SA), "patch", "pods", watched)
 
         config.uninstall(release, timeout=HELM_TIMEOUT_S)
