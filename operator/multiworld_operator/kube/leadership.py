@@ -134,6 +134,14 @@ class Leadership:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"lease {self.config.name}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A Lease loop that died of a bug renews nothing more: end the process as for a lost
+        Lease (its loops already stop stepping once the renew deadline passes: may_act)."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("lease %s: its loop failed", self.config.name, exc_info=task.exception())
+            self.on_lost()
 
     async def stop(self) -> None:
         """Shutting down: the actor stops first, then the Lease is released (the standby takes
