@@ -23,7 +23,8 @@ Events).
 - `status_writer`: the status subresource: the planner's view, a refusal, a failed step.
 - `events`: the Events on a MultiWorld, best effort, a recurring refusal posted once.
 - `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store.
-- `controller`: one reconcile loop per MultiWorld, woken by watch events.
+- `controller`: one reconcile loop per MultiWorld, woken by watch events, while this replica leads.
+- `leadership`: leader election on a Lease: which replica acts, and the leader label on its pod.
 - `handlers`: the kopf handlers (they only wake loops); `main.run_operator` runs kopf.
 - `status_command`: `multiworld status`, a MultiWorld as a user reads it from the kubeconfig
   (a command of the CLI, not part of the operator).
