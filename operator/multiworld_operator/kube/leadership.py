@@ -31,7 +31,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -40,8 +40,6 @@ import urllib3
 from kubernetes.client.rest import ApiException
 
 from multiworld.kube_api import api_message
-
-from .api import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +85,18 @@ class LeaseConfig:
         return 2 * self.renew_every_s
 
 
+class LeaseApi(Protocol):
+    """The calls the Lease's loop makes (KubeApi's)."""
+
+    async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    async def replace_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    async def label_pod(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> dict[str, Any] | None: ...
+
+
 class Actor(Protocol):
     """What leads: the Controller."""
 
@@ -112,7 +122,7 @@ class Leadership:
     """Acquires, renews and releases the Lease for `actor`; `on_lost` is called once the actor
     stepped down because the Lease was lost (not on a release)."""
 
-    def __init__(self, api: KubeApi, config: LeaseConfig, actor: Actor, on_lost: Callable[[], None]) -> None:
+    def __init__(self, api: LeaseApi, config: LeaseConfig, actor: Actor, on_lost: Callable[[], None]) -> None:
         self.api = api
         self.config = config
         self.actor = actor
