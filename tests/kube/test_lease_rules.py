@@ -3,16 +3,21 @@ resourceVersions, no API server. One of two candidates leads; a standby waits ou
 holder's Lease and takes it no sooner than its duration after it last saw it change; a release
 hands it over at once; a leader that finds someone else holding it, or cannot renew it in time,
 steps down, takes its label off and reports the loss. Ceilings are generous: nothing here
-measures a speed."""
+measures a speed. And the replica's identity, and the command's flags."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+import pytest
+
+from multiworld_operator.cli import main
 from multiworld_operator.kube.leadership import LEADER_LABEL, Leadership, LeaseConfig
 
 NAMESPACE, LEASE = "ops", "multiworld-operator"
@@ -184,3 +189,32 @@ def test_a_leader_that_cannot_renew_in_time_stops_acting() -> None:
         await leader.leadership.stop()
 
     run(scenario)
+
+
+def test_the_identity_is_the_pod_else_host_and_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POD_NAME", "op-7d9f-x2")
+    monkeypatch.setenv("POD_NAMESPACE", "ops")
+    config = LeaseConfig.from_env(None, LEASE, 15)
+    assert (config.namespace, config.identity, config.own_pod) == ("ops", "op-7d9f-x2", ("ops", "op-7d9f-x2"))
+    # The chart's figures: renewed every 2 s, given up after 10 s.
+    assert (config.renew_every_s, config.renew_deadline_s) == (2.0, 10.0)
+
+    monkeypatch.delenv("POD_NAME")
+    monkeypatch.delenv("POD_NAMESPACE")
+    config = LeaseConfig.from_env("elsewhere", LEASE, 15)
+    assert config.identity == f"{socket.gethostname()}-{os.getpid()}" and config.own_pod is None
+    with pytest.raises(ValueError, match="--lease-namespace"):
+        LeaseConfig.from_env(None, LEASE, 15)
+
+
+def test_the_command_refuses_leader_election_without_a_namespace(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    with pytest.raises(SystemExit) as refused:
+        main(["operator", "--leader-election"])
+    assert refused.value.code == 2
+    assert "--lease-namespace" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["operator", "--leader-election", "--lease-namespace", "ops", "--lease-duration", "2"])
+    assert "must be >= 3" in capsys.readouterr().err

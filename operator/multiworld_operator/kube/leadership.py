@@ -9,7 +9,8 @@ holder of the Lease runs reconcile loops. The loop here, every `renew_every_s`:
   replace at the resourceVersion just read, so of two replicas taking it at once one gets a 409
   and stays standby.
 - A leader that cannot renew for `renew_deadline_s` (two thirds of the duration), or finds
-  someone else holding the Lease, steps down at once: its loops are cancelled, then `on_lost`
+  someone else holding the Lease (or loses a renew to a write of someone else's), steps down
+  at once: its loops are cancelled, then `on_lost`
   ends the process (main.py exits non-zero and the pod restarts as a standby). Its deadline
   counts from just before its last successful renew was sent, and a standby's lapse from just
   after it saw that renew, so the old leader stops at least a third of the duration before
@@ -189,7 +190,7 @@ class Leadership:
         if held:
             self._renewed_at = attempted
             if not self.leading:
-                log.warning("lease %s: %s leads", self.config.name, self.config.identity)
+                log.info("lease %s: %s leads", self.config.name, self.config.identity)
                 self.leading = True
                 await self.actor.lead(self.may_act)
             return True
@@ -260,7 +261,7 @@ class Leadership:
             log.warning("lease %s: not released (%s); a standby waits out its lapse", self.config.name, _reason(error))
             return
         if released is not None:
-            log.warning("lease %s: released by %s", self.config.name, self.config.identity)
+            log.info("lease %s: released by %s", self.config.name, self.config.identity)
 
     async def _label(self, leading: bool) -> None:
         """Make the own pod carry LEADER_LABEL exactly while leading (best effort)."""
