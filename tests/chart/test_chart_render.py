@@ -251,6 +251,8 @@ def test_two_replicas_elect_a_leader_on_a_lease_by_default(
         "topologyKey": "kubernetes.io/hostname",
         "labelSelector": {"matchLabels": selector},
     }
+    # The logs worth reading are the leader's.
+    assert f"kubectl logs -n {RELEASE_NAMESPACE} -l multiworld.io/operator-leader=true" in rendered.notes
 
 
 def test_without_leader_election_one_replica_is_recreated(render: Callable[..., Rendered]) -> None:
