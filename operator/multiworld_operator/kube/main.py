@@ -11,8 +11,6 @@ import kopf
 from . import handlers  # noqa: F401  (registers the handlers with kopf)
 from .leadership import LeaseConfig
 
-log = logging.getLogger(__name__)
-
 
 def run_operator(namespaces: list[str], liveness: str | None = None, lease: LeaseConfig | None = None) -> int:
     """Serve MultiWorlds in `namespaces` (every namespace when empty) until SIGINT/SIGTERM;
