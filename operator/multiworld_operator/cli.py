@@ -24,6 +24,13 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _lease_seconds(text: str) -> int:
+    value = int(text)
+    if value < 3:
+        raise argparse.ArgumentTypeError(f"must be >= 3 (seconds), got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multiworld", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
@@ -100,6 +107,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="with --webhook-port: the ValidatingWebhookConfiguration whose caBundle the operator keeps",
     )
+    op.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="act only while holding a Lease, so that replicas stand by (default: off, this operator acts alone)",
+    )
+    op.add_argument("--lease-namespace", help="the Lease's namespace (default: $POD_NAMESPACE)")
+    op.add_argument("--lease-name", default="multiworld-operator", help="the Lease's name (default: %(default)s)")
+    op.add_argument(
+        "--lease-duration",
+        type=_lease_seconds,
+        default=15,
+        metavar="SECONDS",
+        help="a standby takes over a Lease not renewed for this long (default: %(default)s)",
+    )
 
     sub.add_parser("crd", help="print the MultiWorld CustomResourceDefinition generated from the spec models")
     return parser
@@ -113,7 +135,8 @@ def _configure_logging(verbose: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     _configure_logging(args.verbose)
     if args.command == "crd":
         from multiworld_operator.crd import crd_yaml
@@ -129,14 +152,21 @@ def main(argv: list[str] | None = None) -> int:
 
         return show(args.name, args.namespace, args.watch, args.kubeconfig)
     from multiworld_operator.kube.admission import Webhook
+    from multiworld_operator.kube.leadership import LeaseConfig
     from multiworld_operator.kube.main import run_operator
 
     webhook = None
     if args.webhook_port is not None:
         if not args.webhook_host or not args.webhook_configuration:
-            build_parser().error("--webhook-port needs --webhook-host and --webhook-configuration")
+            parser.error("--webhook-port needs --webhook-host and --webhook-configuration")
         webhook = Webhook(args.webhook_port, args.webhook_host, args.webhook_configuration)
-    return run_operator(namespaces=args.namespace, liveness=args.liveness, webhook=webhook)
+    lease = None
+    if args.leader_election:
+        try:
+            lease = LeaseConfig.from_env(args.lease_namespace, args.lease_name, args.lease_duration)
+        except ValueError as error:
+            parser.error(str(error))
+    return run_operator(namespaces=args.namespace, liveness=args.liveness, webhook=webhook, lease=lease)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""bench/operator.py and bench/scale.py run end to end (--quick) against their own API server
-and report their figures in the documented JSON shape. Their speed targets are the benches'
-business: no timing is asserted here."""
+"""bench/operator.py, bench/scale.py and bench/takeover.py run end to end (--quick) against
+their own API server and report their figures in the documented JSON shape. Their speed targets
+are the benches' business: no timing is asserted here."""
 
 from __future__ import annotations
 
@@ -73,3 +73,23 @@ def test_scale_quick_run_reports_every_figure() -> None:
     )
     # An unaffected worker's channel: nothing, or a few bookmarks, whatever the size.
     assert all(0 <= v < 4 for v in figures["worker_watch_kib_per_failure"].values()), figures
+
+
+TAKEOVER = BENCH.parent / "takeover.py"
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_takeover_quick_run_reports_both_takeovers() -> None:
+    result = subprocess.run(
+        [sys.executable, str(TAKEOVER), "--quick", "--json"], capture_output=True, text=True, timeout=RUN_S, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    figures = json.loads(lines[-1])
+    assert set(figures) == {"lease_duration_s", "takeover_s", "first_react_s"}
+    for figure in ("takeover_s", "first_react_s"):
+        assert set(figures[figure]) == {"graceful", "killed"}
+        for spread in figures[figure].values():
+            assert set(spread) == {"min", "median", "max"}
+            assert 0 < spread["min"] <= spread["median"] <= spread["max"], figures
+    assert any(line.startswith(("  PASS", "  MISS")) for line in lines[:-1]), result.stdout

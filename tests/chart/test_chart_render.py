@@ -1,5 +1,6 @@
 """The chart lints clean and renders least-privilege RBAC, the Deployment and the workers'
-identity in both RBAC modes (all namespaces, or a list of namespaces)."""
+identity in both RBAC modes (all namespaces, or a list of namespaces), and two replicas that
+elect a leader on a Lease (or, with leader election off, one replica at most)."""
 
 from __future__ import annotations
 
@@ -126,19 +127,19 @@ def test_the_worker_channel_is_served_through_a_service(render: Callable[..., Re
     rendered = render({"channelPort": 9443})
     service = rendered.one("Service", FULLNAME, RELEASE_NAMESPACE)
     assert service["spec"]["ports"] == [{"name": "channel", "protocol": "TCP", "port": 9443, "targetPort": "channel"}]
-    env = {e["name"]: e["value"] for e in container(rendered)["env"]}
+    # Only the replica that leads serves workers (a standby refuses them all).
+    assert service["spec"]["selector"]["multiworld.io/operator-leader"] == "true"
+    env = {e["name"]: e.get("value") for e in container(rendered)["env"]}
     assert env["MULTIWORLD_CHANNEL_URL"] == f"operator://{FULLNAME}.{RELEASE_NAMESPACE}.svc:9443"
     assert env["MULTIWORLD_CHANNEL_PORT"] == "9443"
     assert {"name": "channel", "containerPort": 9443, "protocol": "TCP"} in container(rendered)["ports"]
 
 
 @BOTH_MODES
-def test_deployment_runs_one_hardened_operator(render: Callable[..., Rendered], values: dict[str, Any]) -> None:
+def test_deployment_runs_hardened_operators(render: Callable[..., Rendered], values: dict[str, Any]) -> None:
     rendered = render(values)
     deployment = rendered.one("Deployment", FULLNAME, RELEASE_NAMESPACE)
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == FULLNAME
     assert rendered.one("ServiceAccount", FULLNAME, RELEASE_NAMESPACE)
@@ -220,10 +221,70 @@ def test_workers_create_false_renders_no_worker_objects(render: Callable[..., Re
     assert "multiworld-worker" in rendered.notes
 
 
+NO_ELECTION = {"leaderElection": {"enabled": False, "leaseDuration": 15}}
+# The grants of leader election, in the release namespace: the Lease named like the release
+# (created by whichever replica comes first), and the leader label on the replicas' own pods.
+LEADER_ELECTION = {("coordination.k8s.io", "leases", "create"), ("", "pods", "patch")}
+LEASE_BY_NAME = grants("coordination.k8s.io", ["leases"], ["get", "update"])
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+@BOTH_MODES
+def test_two_replicas_elect_a_leader_on_a_lease_by_default(
+    render: Callable[..., Rendered], values: dict[str, Any]
+) -> None:
+    rendered = render(values)
+    spec = rendered.one("Deployment", FULLNAME, RELEASE_NAMESPACE)["spec"]
+    assert spec["replicas"] == 2
+    # A new pod stands by before an old one, which hands the Lease over as it stops, goes.
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    main = container(rendered)
+    assert "--leader-election" in main["args"]
+    assert flag(main["args"], "--lease-namespace") == RELEASE_NAMESPACE
+    assert flag(main["args"], "--lease-name") == FULLNAME
+    assert flag(main["args"], "--lease-duration") == "15"
+    downward = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in main["env"] if "valueFrom" in e}
+    assert downward == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+    role = rendered.one("Role", f"{FULLNAME}-leader-election", RELEASE_NAMESPACE)
+    assert granted(role) == LEADER_ELECTION | LEASE_BY_NAME
+    (by_name,) = [rule for rule in role["rules"] if "resourceNames" in rule]
+    assert (by_name["resourceNames"], set(by_name["verbs"])) == ([FULLNAME], {"get", "update"})
+    binding = rendered.one("RoleBinding", f"{FULLNAME}-leader-election", RELEASE_NAMESPACE)
+    assert binding["roleRef"]["name"] == f"{FULLNAME}-leader-election"
+    assert binding["subjects"] == [operator_subject()]
+
+    selector = spec["selector"]["matchLabels"]
+    budget = rendered.one("PodDisruptionBudget", FULLNAME, RELEASE_NAMESPACE)["spec"]
+    # maxUnavailable, not minAvailable 1: a node drain may evict even a lone replica.
+    assert budget == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    (term,) = spec["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": selector},
+    }
+    # The logs worth reading are the leader's.
+    assert f"kubectl logs -n {RELEASE_NAMESPACE} -l multiworld.io/operator-leader=true" in rendered.notes
+
+
+def test_without_leader_election_one_replica_is_recreated(render: Callable[..., Rendered]) -> None:
+    rendered = render({"replicas": 1, **NO_ELECTION, "affinity": {"nodeAffinity": {}}})
+    spec = rendered.one("Deployment", FULLNAME, RELEASE_NAMESPACE)["spec"]
+    assert (spec["replicas"], spec["strategy"]) == (1, {"type": "Recreate"})
+    assert not [arg for arg in container(rendered)["args"] if arg.startswith("--lease") or "leader" in arg]
+    assert [r for r in rendered.of_kind("Role") if "leader" in r["metadata"]["name"]] == []
+    # The affinity of the values replaces the spreading of replicas.
+    assert spec["template"]["spec"]["affinity"] == {"nodeAffinity": {}}
+
+
 @pytest.mark.parametrize(
     ("values", "named"),
     [
-        ({"replicas": 2}, "/replicas"),
+        ({"replicas": 2, **NO_ELECTION}, "/replicas"),
+        ({"leaderElection": {"enabled": True, "leaseDuration": 1}}, "/leaderElection/leaseDuration"),
         ({"replicas": "one"}, "/replicas"),
         ({"replica": 1}, "replica"),
         ({"image": {"repository": "x", "tag": "1", "pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
@@ -236,7 +297,8 @@ def test_workers_create_false_renders_no_worker_objects(render: Callable[..., Re
         ({"webhook": {**WEBHOOK_DEFAULTS, "caBundle": "x"}}, "caBundle"),
     ],
     ids=[
-        "too-many-replicas",
+        "replicas-without-election",
+        "lease-too-short",
         "replicas-not-integer",
         "unknown-key",
         "bad-pull-policy",
@@ -264,6 +326,8 @@ def test_schema_accepts_the_defaults_and_both_modes(chart: helm.Chart) -> None:
     chart.validate_schema(chart.merge_values({}))
     chart.validate_schema(chart.merge_values(NAMESPACED))
     chart.validate_schema(chart.merge_values({"replicas": 0}))
+    chart.validate_schema(chart.merge_values({"replicas": 3}))
+    chart.validate_schema(chart.merge_values({"replicas": 1, **NO_ELECTION}))
 
 
 def test_example_manifests_run_as_the_workers_service_account(chart: helm.Chart) -> None:

@@ -28,12 +28,19 @@ HELM_TIMEOUT_S = 180
 
 
 def install(
-    kubeconfig: Path, namespace: str, release: str, worker_namespaces: Sequence[str], *, watch_only_those: bool = False
+    kubeconfig: Path,
+    namespace: str,
+    release: str,
+    worker_namespaces: Sequence[str],
+    *,
+    watch_only_those: bool = False,
+    replicas: int | None = None,
 ) -> dict[str, Any]:
     """Create the namespaces that are missing, then `helm install` the chart: the operator's
-    Deployment (image multiworld/operator:dev, never pulled) in `namespace`, the worker
-    ServiceAccount in each of `worker_namespaces`; the operator watches every namespace, or
-    with `watch_only_those` only those (so that several releases share a cluster)."""
+    Deployment (image multiworld/operator:dev, never pulled; `replicas`, else the chart's) in
+    `namespace`, the worker ServiceAccount in each of `worker_namespaces`; the operator watches
+    every namespace, or with `watch_only_those` only those (so that several releases share a
+    cluster)."""
     with config.new_client_from_config(config_file=str(kubeconfig)) as api:
         core = client.CoreV1Api(api)
         for name in (namespace, *worker_namespaces):
@@ -45,6 +52,8 @@ def install(
     values: dict[str, Any] = {"image": OPERATOR_IMAGE, "workers": {"namespaces": list(worker_namespaces)}}
     if watch_only_those:
         values["watchNamespaces"] = list(worker_namespaces)
+    if replicas is not None:
+        values["replicas"] = replicas
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as helm_config:
         installed: dict[str, Any] = helm_config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
     if installed["status"] != "deployed":

@@ -34,10 +34,12 @@ class Operator:
 def install_operator(cluster: Cluster) -> Operator:
     """`helm install` of the chart with the operator image built from our Dockerfile, watching
     only a namespace of its own (where the worker ServiceAccount goes and MultiWorlds are
-    applied), so that a bench's release and the tests' share the node."""
+    applied), so that a bench's release and the tests' share the node. One replica (with
+    leader election, as the chart runs it): the journeys follow the operator's one pod; a
+    standby's takeover is tested on the control plane (test_leadership.py)."""
     suffix = uuid.uuid4().hex[:6]
     namespace, apps, release = f"multiworld-{suffix}", f"apps-{suffix}", f"mw-{suffix}"
-    operator_release.install(cluster.kubeconfig, namespace, release, [apps], watch_only_those=True)
+    operator_release.install(cluster.kubeconfig, namespace, release, [apps], watch_only_those=True, replicas=1)
     return Operator(namespace, f"{release}-multiworld-operator", apps)
 
 

@@ -8,6 +8,10 @@ new pods Running (patching their status, as a kubelet would) and fails them on r
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,6 +33,7 @@ from multiworld.contract import NAME_LABEL
 from multiworld_operator.kube.api_basics import MERGE_PATCH
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION
 from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
+from multiworld_operator.kube.leadership import LEADER_LABEL
 from multiworld_operator.kube.planner_memory import read_memory
 
 T = TypeVar("T")
@@ -158,6 +163,98 @@ class Kubelet:
 
     def fail(self, pod: str) -> None:
         self.set_phase(pod, "Failed")
+
+
+# -- replicas with leader election -----------------------------------------------------------
+
+
+REPLICA_STOP_S = 30.0
+
+
+class OperatorReplica:
+    """`multiworld operator --leader-election` as a process of its own, playing one replica of
+    the chart's Deployment: the chart's ServiceAccount, and POD_NAME/POD_NAMESPACE naming a
+    stand-in pod `name` in the release's namespace (no kubelet runs it; it only carries the
+    leader label). Its identity on the Lease is `name`."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        release: Release,
+        namespace: str,
+        lease: str,
+        name: str,
+        log_path: Path,
+        duration_s: int,
+    ) -> None:
+        self.core = client.CoreV1Api(api)
+        self.release = release
+        self.name = name
+        self.log_path = log_path
+        pod = client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name),
+            spec=client.V1PodSpec(containers=[client.V1Container(name="operator", image="stand-in")]),
+        )
+        # The release namespace's default ServiceAccount may still be on its way.
+        wait_for(f"stand-in pod {name}", lambda: _created(self.core, release.namespace, pod))
+        args = ["--namespace", namespace, "--leader-election", "--lease-namespace", release.namespace]
+        args += ["--lease-name", lease, "--lease-duration", str(duration_s)]
+        env = {"KUBECONFIG": str(release.operator_kubeconfig), "POD_NAME": name, "POD_NAMESPACE": release.namespace}
+        with open(log_path, "ab") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "multiworld_operator.cli", "-v", "operator", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = REPLICA_STOP_S) -> int:
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        """Ended (SIGKILL if it still runs: a test that wanted it stopped stopped it), and its pod gone."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            self.core.delete_namespaced_pod(self.name, self.release.namespace, grace_period_seconds=0)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+def _created(core: client.CoreV1Api, namespace: str, body: client.V1Pod) -> bool:
+    try:
+        core.create_namespaced_pod(namespace, body)
+    except ApiException as error:
+        if error.status == 403 and "serviceaccount" in str(error.body).lower():
+            return False
+        raise
+    return True
+
+
+def lease_holder(api: client.ApiClient, namespace: str, name: str) -> str | None:
+    """Who holds the Lease; None when nobody does (or it does not exist yet)."""
+    try:
+        lease = client.CoordinationV1Api(api).read_namespaced_lease(name, namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return lease.spec.holder_identity or None
+
+
+def leader_labelled(api: client.ApiClient, namespace: str) -> set[str]:
+    """The pods of `namespace` that carry the leader label."""
+    listing = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"{LEADER_LABEL}=true")
+    return {pod.metadata.name for pod in listing.items}
 
 
 # -- manifests -------------------------------------------------------------------------------

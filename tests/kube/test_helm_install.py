@@ -27,7 +27,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
-from operator_support import refusals
+from operator_support import lease_holder, refusals
 from webhook_support import serve_from_this_host, wait_ca_bundle
 
 pytestmark = pytest.mark.kube
@@ -169,13 +169,17 @@ def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> Non
         )
         assert (upgraded["status"], upgraded["revision"]) == ("deployed", 2)
         container = operator_container(api, fullname, namespace)
-        assert container.args[-4:] == ["--namespace", namespace, "--namespace", watched]
+        watched_args = [container.args[i + 1] for i, arg in enumerate(container.args) if arg == "--namespace"]
+        assert watched_args == [namespace, watched]
         assert {env.name: env.value for env in container.env}["MULTIWORLD_LOG_LEVEL"] == "DEBUG"
         assert all(release_objects(api, fullname, namespace, [namespace, watched]).values())
         assert allowed(api, operator_sa, "create", "pods", watched)
         assert allowed(api, operator_sa, "list", "customresourcedefinitions", None, "apiextensions.k8s.io")
         assert not allowed(api, operator_sa, "create", "pods", "default")
         assert not allowed(api, operator_sa, "list", "pods", None)
+        # Leader election: the Lease in the release namespace only.
+        assert allowed(api, operator_sa, "create", "leases", namespace, "coordination.k8s.io")
+        assert not allowed(api, operator_sa, "create", "leases", watched, "coordination.k8s.io")
         assert allowed(api, (watched, WORKER_SA), "patch", "pods", watched)
 
         config.uninstall(release, timeout=HELM_TIMEOUT_S)
@@ -196,8 +200,9 @@ def test_install_refuses_bad_values_and_creates_nothing(kube_cluster: Cluster, n
         kube_cluster.api_client() as api,
         helm.Config(kubeconfig_path=str(kube_cluster.kubeconfig), namespace=namespace) as config,
     ):
+        without_election = {"replicas": 2, "leaderElection": {"enabled": False, "leaseDuration": 15}}
         with pytest.raises(helm.HelmError, match="/replicas"):
-            config.install(CHART_DIR, release, {"replicas": 3}, timeout=HELM_TIMEOUT_S)
+            config.install(CHART_DIR, release, without_election, timeout=HELM_TIMEOUT_S)
         assert not any(release_objects(api, f"{release}-multiworld-operator", namespace, []).values())
         assert config.list(all_states=True) == []
 
@@ -205,11 +210,13 @@ def test_install_refuses_bad_values_and_creates_nothing(kube_cluster: Cluster, n
 @contextmanager
 def operator_process(kube_cluster: Cluster, namespace: str, fullname: str, log_path: Path) -> Iterator[int]:
     """`multiworld operator` with the args and env of the chart's Deployment, authenticated only
-    by the chart's operator ServiceAccount; yields its health port."""
+    by the chart's operator ServiceAccount; yields its health port. The downward API's variables
+    have no value outside a pod: the operator then names itself on the Lease by host and pid."""
     with kube_cluster.api_client() as api:
         container = operator_container(api, fullname, namespace)
     kubeconfig = kube_cluster.serviceaccount_kubeconfig(namespace, fullname)
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **{e.name: e.value for e in container.env}}
+    plain = {e.name: e.value for e in container.env if e.value_from is None}
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **plain}
     entrypoint = [str(Path(sys.executable).parent / "multiworld"), "operator"]
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(entrypoint + container.args, env=env, stdout=log_file, stderr=subprocess.STDOUT)
@@ -283,6 +290,8 @@ def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
                 assert cluster_module.wait_for(
                     "the liveness endpoint", lambda: healthy(health_port), OPERATOR_TIMEOUT_S
                 )
+                # It acted as the leader, on the Lease the chart lets it hold.
+                assert lease_holder(api, namespace, fullname)
         finally:
             config.uninstall(release, timeout=HELM_TIMEOUT_S)
         assert {pod.spec.service_account_name for pod in pods} == {WORKER_SA}

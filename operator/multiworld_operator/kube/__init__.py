@@ -26,7 +26,8 @@ status subresource, Events).
 - `status_writer`: the status subresource: the planner's view, a refusal, a failed step.
 - `events`: the Events on a MultiWorld, best effort, a recurring refusal posted once.
 - `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store.
-- `controller`: one reconcile loop per MultiWorld, woken by watch events.
+- `controller`: one reconcile loop per MultiWorld, woken by watch events, while this replica leads.
+- `leadership`: leader election on a Lease: which replica acts, and the leader label on its pod.
 - `handlers`: the kopf handlers (they only wake loops); `main.run_operator` runs kopf.
 - `admission`: the validating admission webhook (an invalid spec refused at `kubectl apply`,
   named as SpecValid names it), registered when the operator serves a webhook port;

@@ -5,9 +5,11 @@ exists and deleting what is gone are not errors."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from concurrent.futures import Executor
 from typing import Any, TypeVar, cast
 
 from kubernetes import client, config
@@ -69,18 +71,23 @@ async def gather_bounded(calls: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
 
 
 class KubeApi:
-    def __init__(self, api: client.ApiClient, timeout: float = REQUEST_TIMEOUT_S) -> None:
+    """The calls, each with `timeout`, in `executor`'s threads (None: the event loop's default)."""
+
+    def __init__(
+        self, api: client.ApiClient, timeout: float = REQUEST_TIMEOUT_S, executor: Executor | None = None
+    ) -> None:
         api.user_agent = COMPONENT  # names the operator in managedFields and audit logs
         self.core = client.CoreV1Api(api)
         self.networking = client.NetworkingV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.authentication = client.AuthenticationV1Api(api)
+        self.coordination = client.CoordinationV1Api(api)
         self.timeout = timeout
+        self.executor = executor
 
     async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        response = await asyncio.to_thread(
-            method, *args, _preload_content=False, _request_timeout=self.timeout, **kwargs
-        )
+        call = functools.partial(method, *args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+        response = await asyncio.get_running_loop().run_in_executor(self.executor, call)
         return json.loads(response.data) if response.data else None
 
     async def review_token(self, token: str, audience: str) -> dict[str, Any]:
@@ -154,14 +161,14 @@ class KubeApi:
             if error.status not in (404, 409):
                 raise
 
-    async def label_pod(self, namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any] | None:
-        """Add these labels to the pod; the pod as patched, None when it is gone."""
+    async def label_pod(self, namespace: str, name: str, labels: Mapping[str, str | None]) -> dict[str, Any] | None:
+        """Set these labels on the pod (None removes one); the pod as patched, None when it is gone."""
         try:
             patched: dict[str, Any] = await self._call(
                 self.core.patch_namespaced_pod,
                 name,
                 namespace,
-                {"metadata": {"labels": labels}},
+                {"metadata": {"labels": dict(labels)}},
                 _content_type=MERGE_PATCH,
             )
         except ApiException as error:
@@ -237,3 +244,23 @@ class KubeApi:
         }
         body = event_body(involved, type_, reason, message, COMPONENT)
         await self._call(self.core.create_namespaced_event, meta["namespace"], body)
+
+    async def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._read(self.coordination.read_namespaced_lease, namespace, name)
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The Lease created; None when one of that name exists (someone else created it first)."""
+        return await self._create(self.coordination.create_namespaced_lease, namespace, body)
+
+    async def replace_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Replace the Lease at the resourceVersion in `body`; None when it was written (or
+        deleted) meanwhile: someone else won."""
+        try:
+            replaced: dict[str, Any] = await self._call(
+                self.coordination.replace_namespaced_lease, body["metadata"]["name"], namespace, body
+            )
+        except ApiException as error:
+            if error.status in (404, 409):
+                return None
+            raise
+        return replaced

@@ -6,6 +6,11 @@ one of its pods or its Service changed), for the planner's `requeue_after`, afte
 a growing backoff, or at the latest for a periodic resync that makes up for any missed event.
 Every failed step shows on its MultiWorld (Reconciler.report_error: the Reconciled condition,
 and a Warning Event when the failure is new), not only in this log.
+
+Loops run only while this replica leads (leadership.py; without leader election it leads from
+the start). A standby keeps the latest body of every MultiWorld and nothing else: on taking
+over, each loop starts afresh (its Reconciler reads the memory, the table and the pods anew,
+since the old leader wrote them meanwhile).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from kubernetes.client.rest import ApiException
@@ -33,13 +38,22 @@ log = logging.getLogger(__name__)
 RESYNC_S = 60.0
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
+# How soon a loop looks again when it may not act (its leader's Lease is overdue for renewal).
+MAY_ACT_POLL_S = 0.5
 
 Key = tuple[str, str]
 
 
+def _always() -> bool:
+    return True
+
+
 class ReconcileLoop:
-    def __init__(self, reconciler: Reconciler) -> None:
+    """Steps of one Reconciler, each only when `may_act()` (the Lease held and renewed in time)."""
+
+    def __init__(self, reconciler: Reconciler, may_act: Callable[[], bool] = _always) -> None:
         self.reconciler = reconciler
+        self.may_act = may_act
         self.wake = asyncio.Event()
         self.backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"reconcile {self.key}")
@@ -57,6 +71,11 @@ class ReconcileLoop:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), RESYNC_S if wait is None else wait)
             self.wake.clear()
+            # A leader that was frozen past its renew deadline (SIGSTOP, a starved CPU) may wake
+            # here before its Lease loop does: it must not take a step then.
+            if not self.may_act():
+                wait = MAY_ACT_POLL_S
+                continue
             try:
                 wait = await self.reconciler.step()
                 self.backoff.reset()
@@ -92,12 +111,17 @@ class ReconcileLoop:
 
 
 class Controller:
-    """Every MultiWorld this operator serves, by (namespace, name), and the worker channel their
-    pods reach it by (tables out, statuses and reports in: a message wakes its MultiWorld's loop
-    when it is news)."""
+    """Every MultiWorld this operator serves, by (namespace, name): the latest body of each, its
+    reconcile loop while leading, and the worker channel their pods reach it by (tables out,
+    statuses and reports in: a message wakes its MultiWorld's loop when it is news; a replica
+    that does not lead runs no loop, so it refuses every worker, who retries: the channel's
+    Service sends workers to the leader)."""
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: KubeApi, leading: bool = True) -> None:
         self.api = api
+        self.leading = leading
+        self.may_act: Callable[[], bool] = _always
+        self.bodies: dict[Key, Mapping[str, Any]] = {}
         self.loops: dict[Key, ReconcileLoop] = {}
         self.channel = ChannelServer(
             self._worker_report, self._worker_status, PodIdentities(api, self._locate).authenticate
@@ -132,16 +156,37 @@ class Controller:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         loop = self.loops.get(key)
         if deleted:
+            known = self.bodies.get(key)
+            if known is not None and known["metadata"]["uid"] == body["metadata"]["uid"]:
+                del self.bodies[key]
             if loop is not None and loop.reconciler.uid == body["metadata"]["uid"]:
                 del self.loops[key]
                 self.channel.forget(key)
                 await loop.stop()
             return
+        self.bodies[key] = body
+        if not self.leading:
+            return
         if loop is None or loop.task.done():
-            self.loops[key] = ReconcileLoop(Reconciler(self.api, body, self.channel, self.channel_url))
+            self.loops[key] = self._loop(body)
             return
         if loop.reconciler.update(body):
             loop.poke()
+
+    def _loop(self, body: Mapping[str, Any]) -> ReconcileLoop:
+        return ReconcileLoop(Reconciler(self.api, body, self.channel, self.channel_url), self.may_act)
+
+    async def lead(self, may_act: Callable[[], bool]) -> None:
+        """Leadership taken: a loop for every MultiWorld seen, each stepping only while `may_act()`."""
+        self.leading, self.may_act = True, may_act
+        for key, body in self.bodies.items():
+            self.loops[key] = self._loop(body)
+
+    async def step_down(self) -> None:
+        """Leadership lost or given up: every loop is cancelled at once (before any of them is
+        awaited, so none takes another step meanwhile)."""
+        self.leading = False
+        await self.stop()
 
     def pod_changed(self, namespace: str, multiworld: str, deleted: bool, pod: Mapping[str, Any]) -> None:
         loop = self.loops.get((namespace, multiworld))
@@ -161,6 +206,8 @@ class Controller:
 
     async def stop(self) -> None:
         loops, self.loops = list(self.loops.values()), {}
+        for loop in loops:
+            loop.task.cancel()
         for loop in loops:
             await loop.stop()
         await self.channel.close()

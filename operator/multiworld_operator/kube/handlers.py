@@ -1,7 +1,9 @@
 """The kopf handlers: thin. They watch MultiWorlds, the pods, Services and NetworkPolicies
 labelled with one (the memory's ConfigMap is not watched: memory_store.py), and wake that
-MultiWorld's reconcile loop (controller.py), which observes, plans and executes. At start the
-operator begins serving the worker channel (channel_settings.py says where). No
+MultiWorld's reconcile loop (controller.py), which observes, plans and executes; with leader
+election (the memo's `lease`, main.py), loops run only while this replica leads (leadership.py),
+and every replica watches all the same. At start the operator begins serving the worker channel
+(channel_settings.py says where). No
 handler writes to the API itself, so kopf keeps no state on the MultiWorld: no finalizer, no
 annotations (deleting a MultiWorld never waits for the operator).
 """
@@ -22,6 +24,7 @@ from .api import CONCURRENCY, KubeApi, api_client
 from .bodies import NAME_LABEL
 from .channel_settings import ChannelSettings
 from .controller import Controller
+from .leadership import Leadership
 
 # Watches end server-side after this long and are re-established; the client gives up a bit
 # later on a connection that went silent.
@@ -61,12 +64,21 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     channel = ChannelSettings.from_env(os.environ)
     # Threads for the blocking client: a reconcile step keeps up to CONCURRENCY requests in flight.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2 * CONCURRENCY, "kube-api"))
-    memo.controller = Controller(KubeApi(api_client()))
+    lease = memo.get("lease")
+    memo.controller = Controller(KubeApi(api_client()), leading=lease is None)
     await memo.controller.start(channel)
+    if lease is not None:
+        # Its own threads: a renew must not queue behind the requests of large steps.
+        api = KubeApi(api_client(), lease.request_timeout_s, ThreadPoolExecutor(2, "lease"))
+        memo.leadership = Leadership(api, lease, memo.controller, on_lost=memo.lease_lost.set)
+        memo.leadership.start()
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
+    """Every watch has ended: the loops stop, then the Lease is released."""
+    if "leadership" in memo:
+        await memo.leadership.stop()
     await memo.controller.stop()
 
 

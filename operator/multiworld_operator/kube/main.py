@@ -1,19 +1,25 @@
-"""`multiworld operator`: kopf in standalone mode (one operator acts alone; no peering)."""
+"""`multiworld operator`: kopf in standalone mode (kopf's own peering is not used: with
+`lease`, replicas elect a leader on a Lease, leadership.py; without, this one acts alone)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import kopf
 
 from . import handlers  # noqa: F401  (registers the handlers with kopf)
 from .admission import Webhook, enable
+from .leadership import LeaseConfig
 
 
-def run_operator(namespaces: list[str], liveness: str | None = None, webhook: Webhook | None = None) -> int:
+def run_operator(
+    namespaces: list[str], liveness: str | None = None, webhook: Webhook | None = None, lease: LeaseConfig | None = None
+) -> int:
     """Serve MultiWorlds in `namespaces` (every namespace when empty) until SIGINT/SIGTERM;
     `liveness` (e.g. http://0.0.0.0:8080/healthz) serves kopf's health endpoint; `webhook`, the
-    validating admission webhook."""
+    validating admission webhook. With `lease`, act only while holding it; a lost Lease stops the
+    operator with status 1, so that its pod restarts as a standby."""
     # Our handlers only wake reconcile loops; kopf's line per handled event is noise at INFO, and
     # so is aiohttp's per call of the webhook (a refusal is kopf's error line).
     for name in ("kopf.objects", "aiohttp.access"):
@@ -22,11 +28,14 @@ def run_operator(namespaces: list[str], liveness: str | None = None, webhook: We
     settings = kopf.OperatorSettings()
     if webhook is not None:
         enable(webhook, settings, kopf.get_default_registry())
+    lost = asyncio.Event()
     kopf.run(
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=liveness,
         settings=settings,
+        memo=kopf.Memo(lease=lease, lease_lost=lost),
+        stop_flag=lost,
     )
-    return 0
+    return 1 if lost.is_set() else 0
