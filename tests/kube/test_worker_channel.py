@@ -32,7 +32,7 @@ from operator_support import (
 )
 
 from multiworld.channels.stream import parse_url
-from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldTable
+from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldEntry, WorldTable
 from multiworld_operator.kube.api_basics import MERGE_PATCH
 
 pytestmark = pytest.mark.kube
@@ -151,6 +151,28 @@ def test_a_worker_cannot_speak_for_worlds_it_is_not_in_nor_for_epochs_to_come(
     status = kube.status()
     assert {w: status["worlds"][w]["epoch"] for w in ("wa", "wb")} == {"wa": 1, "wb": 1}
     assert kube.uids() == uids
+
+
+def test_a_decoy_table_reaches_no_worker(chart_scene: ChartScene, tmp_path: Path) -> None:
+    """A ConfigMap shaped as the old world table (wa at epoch 9, with another store host), made
+    by someone with the rights to: workers take their table only from the operator's channel,
+    so the next real change (wb restarts) reaches the leader with wa untouched."""
+    kube, kubelet = chart_scene
+    entry = WorldEntry(name="wa", epoch=9, host="attacker.example", port=20001, pods=[LEADER, "mw-a-0", "mw-a-1"])
+    decoy = client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(
+            name="mw.wa",
+            labels={"multiworld.io/name": "mw", "multiworld.io/world": "wa", f"pod.multiworld.io/{LEADER}": "0"},
+        ),
+        data={"entry.json": entry.model_dump_json()},
+    )
+    kube.core.create_namespaced_config_map(kube.namespace, decoy)
+    with WorkerLink(kube.core, kube.namespace, LEADER, tmp_path) as leader:
+        until(leader, {"wa": 1, "wb": 1})
+        kubelet.fail("mw-b-0")
+        table = until(leader, {"wa": 1, "wb": 2})
+    wa = table.assignments_for(LEADER)["wa"]
+    assert (wa.epoch, wa.host) == (1, "mw-leader-0.mw")
 
 
 def test_a_worker_speaks_only_for_its_own_pod(chart_scene: ChartScene) -> None:
