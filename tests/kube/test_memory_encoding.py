@@ -11,6 +11,7 @@ import tracemalloc
 from typing import Any
 
 import pytest
+from operator_support import manifest
 
 from multiworld_operator.kube.bodies import MEMORY_LABEL
 from multiworld_operator.kube.observe import see_pod
@@ -23,6 +24,7 @@ from multiworld_operator.kube.planner_memory import (
     read_memory,
     rebuilt_memory,
 )
+from multiworld_operator.spec import parse_manifest
 
 OWNER = "uid-1"
 
@@ -86,9 +88,10 @@ def _pod(name: str, created_for: dict[str, int] | None, **labels: str) -> dict[s
     }
 
 
-def test_a_lost_memory_is_rebuilt_from_the_pods_and_the_view() -> None:
+def test_a_lost_memory_is_rebuilt_from_the_pods_the_view_and_the_spec() -> None:
     """Each pod gets its record (a spare that plays a member pod, under that pod), each world the
-    highest epoch anything shows and its restarts; the next spare serial follows the spares found."""
+    highest epoch anything shows, its ranks and backend from the spec, and its restarts; the next
+    spare serial follows the spares found."""
     view = {
         "phase": "Running",
         "restarts": 3,
@@ -114,15 +117,19 @@ def test_a_lost_memory_is_rebuilt_from_the_pods_and_the_view() -> None:
         see_pod(_pod("mw-b-0", {"wb": 2}, **{"multiworld.io/member": "b"}), OWNER),
         see_pod(_pod("mw-a-spare-c", {}, **{"multiworld.io/spare": "true", "multiworld.io/plays": "mw-a-0"}), OWNER),
     ]
-    status = rebuilt_memory(view, pods)
+    multiworld = parse_manifest(
+        manifest("mw", {"leader": 1, "a": 1, "b": 1}, {"wa": ["leader", "a"], "wb": ["leader", "b"]})
+    )
+    status = rebuilt_memory(view, pods, multiworld)
     assert status is not None
     assert status.pods["mw-leader-0"].created_for == {"wa": 1, "wb": 1}
     assert status.pods["mw-a-0"].spare == "mw-a-spare-c"
     assert all(record.observed for record in status.pods.values())
-    # No table: each world's epoch is the highest anything shows, and a new epoch will form.
+    # Each world's epoch is the highest anything shows; its ranks are the spec's, as it formed them.
     assert status.worlds["wa"].epoch == 3 and status.worlds["wb"].epoch == 2
+    assert status.worlds["wa"].pods == ["mw-leader-0", "mw-a-0"] and status.worlds["wb"].backend == "gloo"
     assert status.table.worlds == []
     assert status.worlds["wa"].restarts == 3 and len(status.worlds["wa"].recent_restarts) == 1
     assert status.played_by == {"mw-a-0": "mw-a-spare-c"}
     assert status.spare_serial == 3  # "c" is serial 2
-    assert rebuilt_memory(None, pods) is None
+    assert rebuilt_memory(None, pods, multiworld) is None

@@ -22,7 +22,7 @@ from kubernetes.client.rest import ApiException
 from multiworld_operator.kube.api_basics import api_message
 
 from ..planner import MultiWorldStatus
-from ..spec import GROUP_VERSION, KIND
+from ..spec import GROUP_VERSION, KIND, MultiWorld
 from .api import KubeApi
 from .bodies import MEMORY_LABEL, selector
 from .configmap_writer import ConfigMapWriter
@@ -51,7 +51,7 @@ class PlannerMemoryStore:
         self.remembered: MultiWorldStatus | None = None
         self.loaded = False
 
-    async def load(self, view: Mapping[str, Any] | None) -> None:
+    async def load(self, view: Mapping[str, Any] | None, multiworld: MultiWorld) -> None:
         """The memory: its ConfigMap; else `view` (the CR's status), where an operator before
         the ConfigMap wrote it there whole, with the table; else, when the view shows worlds
         (the memory was lost, or cannot be read), the memory rebuilt from the cluster; else
@@ -80,22 +80,24 @@ class PlannerMemoryStore:
         elif view is not None and view.get("worlds"):
             lost = "is gone"
         if lost is not None:
-            await self._rebuild(view, f"ConfigMap {self.name} (the operator's memory of this MultiWorld) {lost}")
+            await self._rebuild(
+                view, multiworld, f"ConfigMap {self.name} (the operator's memory of this MultiWorld) {lost}"
+            )
         self.loaded = True
 
-    async def _rebuild(self, view: Mapping[str, Any] | None, why: str) -> None:
-        """The memory rebuilt from the pods and `view`; announced."""
+    async def _rebuild(self, view: Mapping[str, Any] | None, multiworld: MultiWorld, why: str) -> None:
+        """The memory rebuilt from the pods, `view` and the spec; announced."""
         items, _ = await self.api.list_pods(self.namespace, selector(self.name))
         pods = [see_pod(item, self.uid) for item in items]
         self.stored = None
-        self.remembered = rebuilt_memory(view, pods)
+        self.remembered = rebuilt_memory(view, pods, multiworld)
         if self.remembered is None:
             message = f"{why}: every world starts afresh"
         else:
             message = (
-                f"{why}: rebuilt from {len(self.remembered.pods)} pod(s), their created-for stamps and the "
-                "status; each world keeps its epoch and restart count, its restart budget counts from its "
-                "last failure"
+                f"{why}: rebuilt from {len(self.remembered.pods)} pod(s), their created-for stamps, the "
+                "status and the spec; each world keeps its epoch and restart count, its restart budget counts "
+                "from its last failure"
             )
         log.warning("%s/%s: %s", self.namespace, self.name, message)
         involved = {

@@ -27,6 +27,7 @@ from typing import Any
 from multiworld.contract import WorldTable
 
 from ..planner.status import MultiWorldStatus, PodRecord, WorldStatus
+from ..spec import MultiWorld
 from .bodies import MEMORY_LABEL, owner_reference
 from .observe import SeenPod
 
@@ -100,16 +101,20 @@ def loaded_status(memory: Mapping[str, Any] | None) -> MultiWorldStatus | None:
         raise CorruptMemory(f"{MEMORY_KEY} is not the planner's status: {error}") from None
 
 
-def rebuilt_memory(view: Mapping[str, Any] | None, pods: Iterable[SeenPod]) -> MultiWorldStatus | None:
+def rebuilt_memory(
+    view: Mapping[str, Any] | None, pods: Iterable[SeenPod], multiworld: MultiWorld
+) -> MultiWorldStatus | None:
     """The planner's memory rebuilt from what the cluster still shows, when it was lost: the
-    CR's status (each world's phase, epoch, restarts and last failure; the conditions) and our
-    pods (a record of each instance from its created-for stamp, which warm spare plays which
-    member pod). Every pod found is recorded as observed, so none is deleted as unknown; each
-    world's epoch is the highest any of them shows. A world's restarts within its window are
-    not known: the last failure counts as one (the rest of the budget is given back). What it
-    cannot rebuild: warm spares that play nothing (their template is not known: they are
-    replaced), the table (the first step publishes it afresh, and every world's pods join it
-    at a new epoch). None when there is nothing to rebuild from."""
+    CR's status (each world's phase, epoch, restarts and last failure; the conditions), our pods
+    (a record of each instance from its created-for stamp, which warm spare plays which member
+    pod) and the spec (each world's ranks and backend, as it formed them, so that the first step
+    publishes each world's entry as its workers hold it). Every pod found is recorded as
+    observed, so none is deleted as unknown; each world's epoch is the highest any of them
+    shows. A world's restarts within its window are not known: the last failure counts as one
+    (the rest of the budget is given back). What it cannot rebuild: warm spares that play
+    nothing (their template is not known: they are replaced), and a spec edited while the memory
+    was lost (the edited worlds form again at a new epoch). None when there is nothing to
+    rebuild from."""
     try:
         status = MultiWorldStatus.from_dict(view) if view and view.get("worlds") else None
     except ValueError:
@@ -132,6 +137,8 @@ def rebuilt_memory(view: Mapping[str, Any] | None, pods: Iterable[SeenPod]) -> M
     for name, world in status.worlds.items():
         epochs = [world.epoch, *(r.created_for[name] for r in records.values() if name in r.created_for)]
         update: dict[str, Any] = {"epoch": max(epochs)}
+        if name in {w.name for w in multiworld.spec.worlds}:
+            update.update(pods=multiworld.world_pods(name), backend=multiworld.backend_of(name))
         if world.last_failure is not None and world.restarts:
             update.update(recent_restarts=[world.last_failure.time], earlier_restarts=[])
         worlds[name] = world.model_copy(update=update)

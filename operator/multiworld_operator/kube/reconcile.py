@@ -189,7 +189,7 @@ class Reconciler:
             await self._refuse(body, error.problems)
             return None
         with failing_as("reading the operator's memory"):
-            await self._load()
+            await self._load(multiworld)
         if self.pods.stale():
             with failing_as("listing the pods"):
                 self.pods.listed(*await self.api.list_pods(self.namespace, selector(self.name)))
@@ -265,10 +265,10 @@ class Reconciler:
             self.api, self.namespace, self.name, self.uid, ConfigMapWriter(self.api, self.namespace)
         )
 
-    async def _load(self) -> None:
+    async def _load(self, multiworld: MultiWorld) -> None:
         """Once: the memory."""
         if not self.memory.loaded:
-            await self.memory.load(self.status.view)
+            await self.memory.load(self.status.view, multiworld)
 
     def _plan(self, multiworld: MultiWorld, previous: MultiWorldStatus | None, seen: ObservedPods) -> Plan:
         ports = world_ports(multiworld, previous.table if previous else None)
