@@ -192,7 +192,8 @@ def _pod_probe(cluster: Cluster, namespace: str) -> dict[str, Any]:
                     "containers": [
                         {
                             "name": "probe",
-                            "image": "multiworld/worker:dev",
+                            # The operator's image: it has the Kubernetes client (the worker's has none).
+                            "image": "multiworld/operator:dev",
                             "imagePullPolicy": "Never",
                             "command": ["python", "-c", PROBE],
                         }
