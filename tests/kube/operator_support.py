@@ -199,7 +199,12 @@ class OperatorReplica:
         wait_for(f"stand-in pod {name}", lambda: _created(self.core, release.namespace, pod))
         args = ["--namespace", namespace, "--leader-election", "--lease-namespace", release.namespace]
         args += ["--lease-name", lease, "--lease-duration", str(duration_s)]
-        env = {"KUBECONFIG": str(release.operator_kubeconfig), "POD_NAME": name, "POD_NAMESPACE": release.namespace}
+        env = {
+            "KUBECONFIG": str(release.operator_kubeconfig),
+            "POD_NAME": name,
+            "POD_NAMESPACE": release.namespace,
+            ENV_CHANNEL_PORT: "0",  # replicas on one host: each its own worker channel port
+        }
         with open(log_path, "ab") as log_file:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "multiworld_operator.cli", "-v", "operator", *args],

@@ -32,6 +32,7 @@ from webhook_support import ca_bundle, serve_from_this_host
 from multiworld_operator import cli
 from multiworld_operator.kube import main as operator_main
 from multiworld_operator.kube.admission import Webhook
+from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
 
 pytestmark = pytest.mark.kube
 
@@ -69,7 +70,8 @@ class Release:
         read = client.AppsV1Api(self.api).read_namespaced_deployment(self.fullname, self.namespace)
         (container,) = self.api.sanitize_for_serialization(read)["spec"]["template"]["spec"]["containers"]
         kubeconfig = self.cluster.serviceaccount_kubeconfig(self.namespace, self.fullname)
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), **{e["name"]: e["value"] for e in container["env"]}}
+        plain = {e["name"]: e["value"] for e in container["env"] if "value" in e}  # the downward API's: none here
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), **plain, ENV_CHANNEL_PORT: "0"}
         entrypoint = [str(Path(sys.executable).parent / "multiworld"), "operator"]
         log_path = self.folder / f"operator-{uuid.uuid4().hex[:6]}.log"
         before = ca_bundle(self.api, self.fullname)
@@ -232,7 +234,9 @@ def test_operator_flags_serve_the_webhook_only_when_given(
 ) -> None:
     started: list[Webhook | None] = []
 
-    def run_operator(namespaces: list[str], liveness: str | None = None, webhook: Webhook | None = None) -> int:
+    def run_operator(
+        namespaces: list[str], liveness: str | None = None, webhook: Webhook | None = None, lease: object = None
+    ) -> int:
         started.append(webhook)
         return 0
 
