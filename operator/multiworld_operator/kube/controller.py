@@ -132,7 +132,7 @@ class Controller:
         """Serve the worker channel on every address, as `settings` say; the port listened on."""
         listened = await self.channel.start("0.0.0.0", settings.port)
         self.channel_url = settings.url_for(listened)
-        log.info("worker channel on port %d; pods connect to %s", listened, self.channel_url)
+        log.info("worker channel listening on :%d; pods connect to %s", listened, self.channel_url)
         return listened
 
     def _locate(self, namespace: str, pod: str, uid: str) -> Key | None:
