@@ -26,16 +26,15 @@ a spare took its place), after the previous recovery completed; the first restar
 
 Clocks (wall time; the node, the workers and this process share the machine's clock):
 - every recovery time starts just before the SIGKILL is sent to the container (containerd's
-  `tasks kill`) and stops when this process first sees (polling every 0.2 s) the MultiWorld's
-  status show world1 Running at the kill's epoch + 1 with every rank ready: the operator counts
-  a rank ready once its worker said, over the worker channel, that it joined that epoch.
+  `tasks kill`) and stops at world1's `formedAt` at the kill's epoch + 1: the moment its last
+  rank joined that epoch, by that worker's own clock, as the workers told the operator over the
+  worker channel and the MultiWorld's status shows it.
 - node_recovery_s, spare_recovery_s, world_restart_s: N=3's new_pods, one_spare and
   replace_world (the same runs as sizes["3"]).
 - breakdown_s, over N=3's new_pods kills, for the new pod that joined last: operator = kill ->
   its replacement Pod seen by a watch; schedule = -> the Pod seen bound to the node;
   container_start = -> the container's process started (its start time in /proc); ready = ->
-  the end of the recovery (the program's imports, its rendezvous, its status reaching the
-  operator and the operator's status write).
+  the end of the recovery (the program's imports and its rendezvous).
 - whole_restart_s: the same clock for single_world (one plain torch world of 3 ranks, its
   manifest as committed): a rank that loses the world exits, so every pod of it is replaced.
 - replaced per kill: world1's ranks (single_world's, for whole_restart_s) whose holder changed
@@ -238,17 +237,15 @@ def kill_and_time(
     started = time.time()
     support.signal_container(cluster, pod, "SIGKILL")
 
-    def back() -> bool:
-        """world1 Running at the new epoch with every rank ready, as the operator shows it."""
+    def formed() -> float | None:
+        """When world1 formed at the new epoch (the workers' clock), once the status says."""
         shown = world_status(core, namespace, name, world)
-        return (
-            shown.get("epoch") == epoch
-            and shown.get("phase") == "Running"
-            and shown.get("readyRanks") == shown.get("size")
-        )
+        at = shown.get("formedAt")
+        if shown.get("epoch") != epoch or shown.get("phase") != "Running" or not at:
+            return None
+        return datetime.fromisoformat(str(at).replace("Z", "+00:00")).timestamp()
 
-    wait_for(f"{world} of {name} back at epoch {epoch}", back)
-    end = time.time()
+    end = wait_for(f"{world} of {name} back at epoch {epoch}", formed)
 
     def published() -> WorldEntry | None:
         found = table_entry(core, namespace, name, world)

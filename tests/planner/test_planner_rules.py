@@ -3,6 +3,7 @@ w1 x2 (exclusive to world1), w2 (exclusive to world2)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from planner_sim import T0, Sim, endpoint, make, seed_topology
@@ -1070,3 +1071,28 @@ def test_a_pod_that_finishes_after_its_world_ran_at_the_epoch_is_not_replaced() 
     sim.pods[LEADER] = sim.pods[LEADER].model_copy(update={"phase": "Succeeded", "joined": {}})
     result = sim.step()
     assert result.deletes == [] and sim.epoch("world1") == 2 and sim.epoch("world2") == 1
+
+
+# -- when a world formed ------------------------------------------------------------------------
+
+
+def test_a_world_formed_when_its_last_rank_joined_by_the_workers_clocks() -> None:
+    """formedAt: the latest of its ranks' joined_at at the epoch it runs at; None while one did
+    not say, and again once the world fails."""
+    sim = Sim(seed_topology())
+    sim.step()
+    sim.start_all()
+    joined = {LEADER: 3.0, W1_0: 1.0, W1_1: 2.0, W2_0: 5.0}
+    for pod, seconds in joined.items():
+        stamp = T0 + timedelta(seconds=seconds)
+        sim.pods[pod] = sim.pods[pod].model_copy(update={"joined_at": {"world1": stamp, "world2": stamp}})
+    sim.pods[W2_0] = sim.pods[W2_0].model_copy(update={"joined_at": {}})  # this worker says nothing
+    sim.step()
+    assert sim.status is not None
+    world1, world2 = sim.status.worlds["world1"], sim.status.worlds["world2"]
+    assert (world1.phase, world1.formed_at) == ("Running", T0 + timedelta(seconds=3))
+    assert (world2.phase, world2.formed_at) == ("Running", None)
+    assert sim.status.view()["worlds"]["world1"]["formedAt"] == "2024-05-01T12:00:03Z"
+    sim.fail(W1_1)
+    sim.step()
+    assert sim.status.worlds["world1"].phase != "Running" and sim.status.worlds["world1"].formed_at is None

@@ -127,7 +127,17 @@ def test_status_schema_holds_what_kubectl_reads_and_no_more() -> None:
     }
     worlds = fields["worlds"]
     world = worlds["additionalProperties"]["properties"]
-    assert set(world) == {"phase", "epoch", "size", "readyRanks", "restarts", "lastFailure", "restartAt", "waiting"}
+    assert set(world) == {
+        "phase",
+        "epoch",
+        "size",
+        "readyRanks",
+        "restarts",
+        "lastFailure",
+        "restartAt",
+        "waiting",
+        "formedAt",
+    }
     assert {"time", "reason", "pod", "rank"} <= set(world["lastFailure"]["properties"])
     # One entry in managedFields for every world together, not one per world and field.
     assert worlds["x-kubernetes-map-type"] == "atomic"

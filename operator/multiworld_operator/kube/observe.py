@@ -209,7 +209,12 @@ def observe_pods(
             observation = pod.observation
             if worker is not None:
                 observation = observation.model_copy(
-                    update={"joined": dict(worker.joined), "joining": dict(worker.joining), "warm": worker.waiting}
+                    update={
+                        "joined": dict(worker.joined),
+                        "joining": dict(worker.joining),
+                        "joined_at": dict(worker.joined_at),
+                        "warm": worker.waiting,
+                    }
                 )
             seen.pods.append(observation)
     return seen

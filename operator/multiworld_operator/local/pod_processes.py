@@ -32,6 +32,7 @@ class PodProcesses:
         # Per process: its member and ordinal (None: a warm spare, until it plays a member pod).
         self.members: dict[str, tuple[str, int | None]] = {}
         self.joined: dict[str, dict[str, int]] = {}
+        self.joined_at: dict[str, dict[str, datetime]] = {}
         self.joining: dict[str, dict[str, int]] = {}
         self.warm: set[str] = set()  # spares whose worker waits for an identity
         self.reports: list[BrokenWorldReport] = []
@@ -48,6 +49,7 @@ class PodProcesses:
         if status.pod not in self.procs:
             return
         self.joined[status.pod] = dict(status.joined)
+        self.joined_at[status.pod] = dict(status.joined_at)
         self.joining[status.pod] = dict(status.joining)
         self.live_errors[status.pod] = dict(status.errors)
         if status.waiting:
@@ -72,6 +74,7 @@ class PodProcesses:
                     phase=phase,
                     created_for=self.created_for[name],
                     joined=self.joined.get(name, {}),
+                    joined_at=self.joined_at.get(name, {}),
                     joining=self.joining.get(name, {}),
                     warm=name in self.warm,
                 )
@@ -111,6 +114,7 @@ class PodProcesses:
         self.created_for[action.pod] = dict(action.created_for)
         self.members[action.pod] = (action.member, action.ordinal)
         self.joined[action.pod] = {}
+        self.joined_at[action.pod] = {}
         self.joining[action.pod] = {}
         asyncio.get_running_loop().create_task(self._watch_exit(proc))
 
@@ -137,6 +141,7 @@ class PodProcesses:
             self.errors.setdefault(world, {})
             self.errors[world][pod] = self.errors[world].get(pod, 0) + count
         self.joined.pop(pod, None)
+        self.joined_at.pop(pod, None)
         self.joining.pop(pod, None)
         self.warm.discard(pod)
         self.members.pop(pod, None)  # a spare's name never comes back

@@ -36,6 +36,8 @@ class PodObservation(_Model):
     joined: dict[str, int] | None = None
     # The epoch its worker is joining per world (WorkerStatus.joining), when the platform knows.
     joining: dict[str, int] = Field(default_factory=dict)
+    # When its worker joined each world it holds, by the worker's own clock (WorkerStatus.joined_at).
+    joined_at: dict[str, datetime] = Field(default_factory=dict)
     # Why a Failed pod ended, in its own words (a container's termination message), if it said.
     message: str = ""
     # Why a pod that is not Running yet waits (unschedulable, pulling its image, ...), if known.

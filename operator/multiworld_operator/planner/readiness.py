@@ -1,10 +1,13 @@
 """How far each world that is up has come at its epoch: Succeeded once every rank finished,
-its ready ranks, Running once all of them joined (WorldReady, or WorldRecovered after a failure),
-and while it forms, what its pods wait for (a WorldWaiting Event when that is more than a
-container starting).
+its ready ranks, Running once all of them joined (WorldReady, or WorldRecovered after a failure;
+`formed_at` the moment its last rank joined, by the workers' own clocks, where they say), and
+while it forms, what its pods wait for (a WorldWaiting Event when that is more than a container
+starting).
 """
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from .status import WorldStatus, clipped
 from .step import Step
@@ -21,6 +24,8 @@ def finish_worlds(step: Step) -> None:
 def count_ready(step: Step) -> None:
     """Each world that is up: its ready ranks and waiting pods; Running once all are ready."""
     for name, state in step.worlds.items():
+        if state.phase != "Running":
+            state.formed_at = None  # the epoch it formed at, if any, is behind it
         if not state.up:
             continue
         state.ready_ranks = sum(step.ready(pod, name, state.epoch) for pod in state.pods)
@@ -35,6 +40,20 @@ def count_ready(step: Step) -> None:
                 f"world {name} {how} with all {state.size} ranks at epoch {state.epoch}",
             )
             state.phase = "Running"
+            state.formed_at = _formed_at(step, name, state)
+
+
+def _formed_at(step: Step, name: str, state: WorldStatus) -> datetime | None:
+    """When the last of the world's ranks joined it, by their workers' clocks (None: one of them
+    did not say)."""
+    times = []
+    for pod in state.pods:
+        seen = step.current(pod)
+        joined = None if seen is None else seen.joined_at.get(name)
+        if joined is None:
+            return None
+        times.append(joined)
+    return max(times, default=None)
 
 
 def _note_waiting(step: Step, name: str, state: WorldStatus) -> None:

@@ -91,6 +91,8 @@ class WorldView(_StatusModel):
     restart_at: datetime | None = None
     # While the world forms: its pods that are not running yet, with why they wait.
     waiting: dict[str, Message] = Field(default_factory=dict)
+    # When its last rank joined the current epoch, by that worker's own clock (where workers say).
+    formed_at: datetime | None = None
 
 
 class WorldStatus(WorldView):
