@@ -292,3 +292,20 @@ def test_backoff_delays() -> None:
 
     backoff = Backoff(initial_delay="2s", max_delay="10s", factor=2)
     assert [backoff.delay(k) for k in range(6)] == [0, 2, 4, 8, 10, 10]
+
+
+def test_a_declared_port_among_the_store_ports_is_refused_naming_the_field() -> None:
+    """The NetworkPolicy opens declared ports to everyone; the worlds' stores must stay open to
+    the MultiWorld's own pods only."""
+    ports = [{"containerPort": 8080}, {"containerPort": 20001}]
+    template = {"spec": {"containers": [{"name": "w", "image": "x", "ports": ports}]}}
+    data = manifest(template=template)
+    data["spec"]["members"][1]["template"] = {
+        "spec": {"containers": [{"name": "w", "image": "x", "ports": [{"containerPort": 29999}]}]}
+    }
+    found = problems_of(data)
+    store = "spec.template.spec.containers[0].ports[1].containerPort: 20001 is in 20000-29999"
+    assert any(p.startswith(store) for p in found), found
+    member = "spec.members[1].template.spec.containers[0].ports[0].containerPort: 29999"
+    assert any(p.startswith(member) for p in found), found
+    assert not any("8080" in p for p in found), found
