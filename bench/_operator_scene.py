@@ -123,7 +123,7 @@ def new_namespace(cluster: Any, api: client.ApiClient, prefix: str) -> str:
 
 def operator_credentials(cluster: Any, api: client.ApiClient, kind: str) -> tuple[Path, str]:
     """The chart installed for real; the kubeconfig the operator runs with, and what it is."""
-    release = support.install_release(cluster, new_namespace(cluster, api, "mw-system"), {})
+    release = support.install_release(cluster, new_namespace(cluster, api, "mw-system"), support.WITHOUT_WEBHOOK)
     if kind == "admin":
         return cluster.kubeconfig, "the cluster admin (system:masters)"
     return release.operator_kubeconfig, (

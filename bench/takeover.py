@@ -74,7 +74,9 @@ def scene(directory: Path, lease_duration_s: int) -> Iterator[Scene]:
     cluster.start(cluster_module.find_binaries(), detach=False)
     try:
         with cluster.api_client() as api:
-            release = support.install_release(cluster, new_namespace(cluster, api, "mw-system"), {})
+            release = support.install_release(
+                cluster, new_namespace(cluster, api, "mw-system"), support.WITHOUT_WEBHOOK
+            )
             namespace = new_namespace(cluster, api, "bench")
             loaded = common.machine_load()
             with StandInKubelet(api, namespace, KUBELET_START_S) as kubelet:

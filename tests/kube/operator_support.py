@@ -67,6 +67,10 @@ def install_release(cluster: Cluster, namespace: str, values: dict[str, Any]) ->
 
 
 _releases: dict[Path, Release] = {}
+# For an operator run here (in-process, or a process of the benches) without the admission
+# webhook, which test_admission.py covers: watching every namespace, a configuration calling a
+# Service nobody serves would refuse every MultiWorld (failurePolicy Fail).
+WITHOUT_WEBHOOK: dict[str, Any] = {"webhook": {"enabled": False}}
 
 
 def cluster_release(cluster: Cluster) -> Release:
@@ -75,10 +79,7 @@ def cluster_release(cluster: Cluster) -> Release:
         namespace = f"mw-system-{uuid.uuid4().hex[:6]}"
         with cluster.api_client() as api:
             client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-        # The operator here runs in-process (KopfRunner) without the admission webhook, which
-        # test_admission.py covers: a configuration calling a Service nobody serves would refuse
-        # every MultiWorld (failurePolicy Fail).
-        _releases[cluster.directory] = install_release(cluster, namespace, {"webhook": {"enabled": False}})
+        _releases[cluster.directory] = install_release(cluster, namespace, WITHOUT_WEBHOOK)
     return _releases[cluster.directory]
 
 
