@@ -45,6 +45,13 @@ _RETRY = 0.5
 # of this pod, may let the next one through).
 _REFUSED_RETRY_MAX = 10.0
 _CLOSE_FLUSH = 1.0
+# A platform that vanished without closing (its pod deleted, its address gone: no FIN, no RST
+# ever comes) must not hold a worker on a dead connection: TCP keepalive probes after this much
+# silence, every interval, this many times; unacknowledged sends give up after the user timeout.
+_KEEPALIVE_IDLE_S = 5
+_KEEPALIVE_INTERVAL_S = 2
+_KEEPALIVE_PROBES = 3
+_USER_TIMEOUT_MS = 10_000
 _RECONNECT = object()  # queued to (re)connect with nothing to send: at start, or after a drop
 
 
@@ -152,6 +159,7 @@ class StreamChannel:
             try:
                 sock = socket.create_connection(self._address, timeout=_RETRY * 4)
                 sock.settimeout(None)
+                _detect_a_vanished_peer(sock)
                 sock.sendall(self._greeting())
             except OSError as exc:
                 log.debug("channel: cannot reach %s:%d (%s)", *self._address, exc)
@@ -215,6 +223,18 @@ class StreamChannel:
             for world, report in list(self._reports.items()):
                 if epochs.get(world, report.epoch + 1) > report.epoch:
                     del self._reports[world]
+
+
+def _detect_a_vanished_peer(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (
+        ("TCP_KEEPIDLE", _KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", _KEEPALIVE_PROBES),
+        ("TCP_USER_TIMEOUT", _USER_TIMEOUT_MS),
+    ):
+        if hasattr(socket, option):  # Linux has them all; elsewhere the system's defaults apply
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def _shut(sock: socket.socket) -> None:
