@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -30,7 +31,7 @@ from ..channel_server import ChannelServer, Speaker
 from .api import KubeApi
 from .channel_settings import ChannelSettings
 from .errors import CreateRefused, MultiWorldGone, StepFailed
-from .reconcile import Reconciler
+from .reconcile import RECONNECT_GRACE_S, Reconciler
 from .worker_identity import PodIdentities
 
 log = logging.getLogger(__name__)
@@ -127,10 +128,13 @@ class Controller:
             self._worker_report, self._worker_status, PodIdentities(api, self._locate).authenticate
         )
         self.channel_url = ""
+        # Until then, workers may still be reconnecting to this replica (reconcile.py).
+        self.reconnect_until = 0.0
 
     async def start(self, settings: ChannelSettings) -> int:
         """Serve the worker channel on every address, as `settings` say; the port listened on."""
         listened = await self.channel.start("0.0.0.0", settings.port)
+        self.reconnect_until = time.monotonic() + RECONNECT_GRACE_S
         self.channel_url = settings.url_for(listened)
         log.info("worker channel listening on :%d; pods connect to %s", listened, self.channel_url)
         return listened
@@ -174,11 +178,13 @@ class Controller:
             loop.poke()
 
     def _loop(self, body: Mapping[str, Any]) -> ReconcileLoop:
-        return ReconcileLoop(Reconciler(self.api, body, self.channel, self.channel_url), self.may_act)
+        reconciler = Reconciler(self.api, body, self.channel, self.channel_url, self.reconnect_until)
+        return ReconcileLoop(reconciler, self.may_act)
 
     async def lead(self, may_act: Callable[[], bool]) -> None:
         """Leadership taken: a loop for every MultiWorld seen, each stepping only while `may_act()`."""
         self.leading, self.may_act = True, may_act
+        self.reconnect_until = time.monotonic() + RECONNECT_GRACE_S
         for key, body in self.bodies.items():
             self.loops[key] = self._loop(body)
 

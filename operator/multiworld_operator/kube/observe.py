@@ -195,10 +195,17 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
 
 
 def observe_pods(
-    pods: Iterable[SeenPod], workers: Mapping[str, WorkerStatus], reports: Iterable[BrokenWorldReport]
+    pods: Iterable[SeenPod],
+    workers: Mapping[str, WorkerStatus],
+    reports: Iterable[BrokenWorldReport],
+    *,
+    silent_is_unjoined: bool = False,
 ) -> ObservedPods:
     """The pods with what their workers hold (`workers`: pod uid -> its latest WorkerStatus, so a
-    new instance of a pod never inherits its predecessor's), and the reports accepted."""
+    new instance of a pod never inherits its predecessor's), and the reports accepted. A pod whose
+    worker said nothing counts as holding what the planner assumes of a program without the
+    worker library (joined: unknown), unless `silent_is_unjoined` (an operator that just started,
+    whose workers have not reconnected yet: it must not take them for joined)."""
     seen = ObservedPods(reports=list(reports))
     for pod in pods:
         seen.present[pod.name] = pod.uid
@@ -216,6 +223,8 @@ def observe_pods(
                         "warm": worker.waiting,
                     }
                 )
+            elif silent_is_unjoined:
+                observation = observation.model_copy(update={"joined": {}})
             seen.pods.append(observation)
     return seen
 

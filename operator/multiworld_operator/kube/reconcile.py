@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, NoReturn
@@ -71,16 +72,27 @@ class Planned(NamedTuple):
 
 # Plans per step: a plan that deleted pods is followed by one that replaces them.
 REPLANS = 3
+# How long after the operator starts, or takes the lead, its workers may still be reconnecting
+# (a refused worker retries after at most 10 s: multiworld.channels.stream).
+RECONNECT_GRACE_S = 12.0
 
 
 class Reconciler:
     """Reconciles one MultiWorld. `body` is its latest manifest as watched. What this reconciler
     wrote (the memory, the status view) is remembered, since a watched body may lag behind our
     own writes. The table goes to the workers through `channel`, which pods reach at
-    `channel_url`."""
+    `channel_url`; until `reconnect_until` (time.monotonic()) its workers may be reconnecting."""
 
-    def __init__(self, api: KubeApi, body: Mapping[str, Any], channel: ChannelServer, channel_url: str) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        body: Mapping[str, Any],
+        channel: ChannelServer,
+        channel_url: str,
+        reconnect_until: float = 0.0,
+    ) -> None:
         self.api = api
+        self.reconnect_until = reconnect_until
         self.channel = channel
         self.channel_url = channel_url
         self.body: dict[str, Any] = dict(body)
@@ -223,6 +235,9 @@ class Reconciler:
         await gather_bounded(self.events.post("Warning", REPORT_REFUSED, m) for m in self.inbox.take_refusals())
         if failures:
             await self._refused(failures)
+        if self._reconnecting():  # look again once silent pods may count as joined
+            grace_left = self.reconnect_until - time.monotonic()
+            return grace_left if result.requeue_after is None else min(result.requeue_after, grace_left)
         return result.requeue_after
 
     def _plan_step(
@@ -240,7 +255,7 @@ class Reconciler:
         deletes: dict[str, str] = {}
         events: list[EmitEvent] = []
         for _ in range(REPLANS):
-            seen = observe_pods(pods, workers, reports)
+            seen = observe_pods(pods, workers, reports, silent_is_unjoined=self._reconnecting())
             result = self._plan(multiworld, previous, seen)
             events += result.events
             batch = {
@@ -258,6 +273,13 @@ class Reconciler:
             previous = result.status
         return Planned(result, seen, deletes, events)
 
+    def _reconnecting(self) -> bool:
+        """Whether this operator started (or took the lead) on a MultiWorld it already ran so
+        recently that its workers may not have reconnected yet (their statuses live in the
+        operator's memory only): a silent pod then counts as not joined, so that no world counts
+        as formed on statuses it has not heard."""
+        return time.monotonic() < self.reconnect_until
+
     def _read_again(self) -> None:
         """Someone else wrote the memory's ConfigMap meanwhile: forget what was written, so the
         next step reads the memory again and plans from it."""
@@ -269,6 +291,8 @@ class Reconciler:
         """Once: the memory."""
         if not self.memory.loaded:
             await self.memory.load(self.status.view, multiworld)
+            if self.memory.remembered is None:
+                self.reconnect_until = 0.0  # a MultiWorld new to the operator: no worker to wait for
 
     def _plan(self, multiworld: MultiWorld, previous: MultiWorldStatus | None, seen: ObservedPods) -> Plan:
         ports = world_ports(multiworld, previous.table if previous else None)
