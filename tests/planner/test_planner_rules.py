@@ -1093,6 +1093,11 @@ def test_a_world_formed_when_its_last_rank_joined_by_the_workers_clocks() -> Non
     assert (world1.phase, world1.formed_at) == ("Running", T0 + timedelta(seconds=3))
     assert (world2.phase, world2.formed_at) == ("Running", None)
     assert sim.status.view()["worlds"]["world1"]["formedAt"] == "2024-05-01T12:00:03Z"
+    # A worker that says so after its Running pod counted ready: the world's formedAt follows.
+    late = T0 + timedelta(seconds=7)
+    sim.pods[W2_0] = sim.pods[W2_0].model_copy(update={"joined_at": {"world2": late}})
+    sim.step()
+    assert sim.status is not None and sim.status.worlds["world2"].formed_at == late
     sim.fail(W1_1)
     sim.step()
     assert sim.status.worlds["world1"].phase != "Running" and sim.status.worlds["world1"].formed_at is None

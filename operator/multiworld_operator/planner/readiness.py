@@ -40,6 +40,8 @@ def count_ready(step: Step) -> None:
                 f"world {name} {how} with all {state.size} ranks at epoch {state.epoch}",
             )
             state.phase = "Running"
+        if state.phase == "Running" and state.formed_at is None:
+            # Also later: a worker may say it joined after its Running pod was counted ready.
             state.formed_at = _formed_at(step, name, state)
 
 
@@ -49,7 +51,9 @@ def _formed_at(step: Step, name: str, state: WorldStatus) -> datetime | None:
     times = []
     for pod in state.pods:
         seen = step.current(pod)
-        joined = None if seen is None else seen.joined_at.get(name)
+        if seen is None or seen.joined is None or seen.joined.get(name) != state.epoch:
+            return None
+        joined = seen.joined_at.get(name)
         if joined is None:
             return None
         times.append(joined)
