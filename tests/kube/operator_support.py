@@ -344,6 +344,15 @@ class KubeNamespace:
         memory = read_memory({"binaryData": found.binary_data}) or {}
         return {entry["name"]: entry for entry in (memory.get("table") or {}).get("worlds") or []}
 
+    def network_policy(self, name: str = "mw") -> client.V1NetworkPolicy | None:
+        """The NetworkPolicy `name`, None when there is none."""
+        try:
+            return client.NetworkingV1Api(self.api).read_namespaced_network_policy(name, self.namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
     def pods(self, name: str = "mw") -> dict[str, client.V1Pod]:
         listing = self.core.list_namespaced_pod(self.namespace, label_selector=f"{NAME_LABEL}={name}")
         return {p.metadata.name: p for p in listing.items if p.metadata.deletion_timestamp is None}

@@ -125,15 +125,9 @@ def test_the_rendezvous_is_closed_to_other_pods_by_a_network_policy(scene: Scene
         }
     }
     kube.create(two_worlds(template=template))
-    networking = client.NetworkingV1Api(kube.api)
 
     def policy() -> client.V1NetworkPolicy | None:
-        try:
-            return networking.read_namespaced_network_policy("mw", kube.namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        return kube.network_policy()
 
     found = wait_for("the NetworkPolicy mw", policy)
     ours = {"multiworld.io/name": "mw"}

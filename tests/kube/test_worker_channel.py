@@ -217,12 +217,7 @@ def test_a_deleted_or_edited_network_policy_is_restored(chart_scene: ChartScene)
     networking = client.NetworkingV1Api(kube.api)
 
     def policy() -> client.V1NetworkPolicy | None:
-        try:
-            return networking.read_namespaced_network_policy("mw", kube.namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+        return kube.network_policy()
 
     made = wait_for("the NetworkPolicy", policy)
     networking.delete_namespaced_network_policy("mw", kube.namespace)
