@@ -36,7 +36,8 @@ Clocks (wall time; the node, the workers and this process share the machine's cl
   container_start = -> the container's process started (its start time in /proc); ready = ->
   the end of the recovery (the program's imports and its rendezvous).
 - whole_restart_s: the same clock for single_world (one plain torch world of 3 ranks, its
-  manifest as committed): a rank that loses the world exits, so every pod of it is replaced.
+  manifest as committed, `replace: World`: a plain program cannot join a new epoch), where
+  every pod of the world is replaced.
 - replaced per kill: world1's ranks (single_world's, for whole_restart_s) whose holder changed
   from the table entry before the kill to the one of the new epoch: a pod of another uid
   (a new pod of the same name) or another pod (a warm spare that now plays it). A kill under
@@ -279,10 +280,13 @@ def step_times(core: client.CoreV1Api, namespace: str, pod: str, line: str) -> l
 
 def every_pod_up(core: client.CoreV1Api, namespace: str, name: str, count: int) -> bool:
     """Whether the MultiWorld has its pods (`count` at least, spares included) and every world
-    Running with each rank ready, as the operator shows it (from what each worker told it)."""
+    Running with each rank joined, as the operator shows it from what each worker told it
+    (`formedAt`: a kill before that would hit a rendezvous, not a running world)."""
     status = multiworld(core.api_client, namespace, name).get("status") or {}
     worlds = (status.get("worlds") or {}).values()
-    ready = all(w.get("phase") == "Running" and w.get("readyRanks") == w.get("size") for w in worlds)
+    ready = all(
+        w.get("phase") == "Running" and w.get("readyRanks") == w.get("size") and w.get("formedAt") for w in worlds
+    )
     return len(pods_of(core, namespace, name)) >= count and bool(worlds) and ready
 
 

@@ -25,7 +25,7 @@ import torch.distributed as dist  # noqa: E402
 
 import common  # noqa: E402
 from multiworld.channels import Channel, open_channel  # noqa: E402
-from multiworld.contract import ENV_WORLDS, WorkerEnv, WorkerStatus  # noqa: E402
+from multiworld.contract import ENV_WORLDS, WorkerEnv, WorkerStatus, store_prefix  # noqa: E402
 
 WORLD = "world"
 # When this program was ready, its imports (torch among them) done: its status reports it.
@@ -91,11 +91,24 @@ def _step(rank: int, size: int, step: int, backend: str) -> None:
         common.say(f"rank: {rank} sent tensor: {tensor}")
 
 
+def _rendezvous(rank: int, args: argparse.Namespace, env: WorkerEnv | None) -> None:
+    """Join the world through its store, under this epoch's key prefix. Under a MultiWorld a
+    world keeps its port across epochs, so a rank 0 that has not noticed the failure yet may
+    still serve the previous epoch's store there: without the prefix a new rank would find the
+    old epoch's keys and step into the old world in place of the rank it replaces."""
+    timeout = timedelta(seconds=args.timeout)
+    prefix = env.worlds[0].store_prefix if env is not None else store_prefix(WORLD, 1)
+    store = dist.TCPStore(args.addr, args.port, args.worldsize, is_master=rank == common.ROOT, timeout=timeout)
+    dist.init_process_group(args.backend, store=dist.PrefixStore(prefix, store), rank=rank,
+                            world_size=args.worldsize, timeout=timeout)  # fmt: skip
+
+
 def run_rank(rank: int, args: argparse.Namespace, env: WorkerEnv | None = None) -> None:
-    dist.init_process_group(
-        args.backend, init_method=f"tcp://{args.addr}:{args.port}", rank=rank,
-        world_size=args.worldsize, timeout=timedelta(seconds=args.timeout),
-    )
+    try:
+        _rendezvous(rank, args, env)
+    except RuntimeError as exc:  # the store's rank 0 went away (its epoch ended) or never came
+        common.say(f"rank: {rank} could not join the world: {exc}")
+        os._exit(1)
     channel = _say_joined(env) if env is not None else None
     try:
         for step in range(1, args.steps + 1):
