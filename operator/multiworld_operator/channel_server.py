@@ -7,12 +7,17 @@ or refuses, with a reason sent back before the connection closes. From then on, 
 it is that speaker's, whatever the messages claim (their `pod` is overwritten), and the server
 pushes that pod its part of its group's world table (the entries of its own worlds: a change
 elsewhere sends it nothing). A group is one MultiWorld.
+
+Anything in the cluster may connect, so each connection's cost is bounded: a hello within
+HELLO_TIMEOUT_S, at most MAX_GREETING connections greeting at once, lines up to MAX_LINE, and
+a message rate per connection (over it: refused; the worker reconnects more slowly).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
@@ -20,12 +25,23 @@ from pydantic import ValidationError
 
 from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldTable
 
+from .spec import MAX_WORLDS_PER_POD
+
 log = logging.getLogger(__name__)
 
 # The local runner serves one MultiWorld: every speaker is in this group.
 LOCAL: Hashable = ""
 # A first line longer than this is no hello: the connection is closed.
 MAX_LINE = 1024 * 1024
+# A connection must prove who speaks within this long, and only so many may be trying at once:
+# silent, slow or junk connections (anything in the cluster may connect) cost a bounded amount.
+HELLO_TIMEOUT_S = 10.0
+MAX_GREETING = 64
+# What one connection may send: a burst, then a steady rate. A worker sends a status per table
+# it applies and a report per world it saw break (on connecting: its status and a report per
+# world, twice over fits the burst); beyond this it is refused and reconnects later.
+MESSAGE_BURST = 2 * (MAX_WORLDS_PER_POD + 1)
+MESSAGES_PER_S = 50.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,8 @@ class ChannelServer:
         # Per pod: the entries last sent to it.
         self._sent: dict[tuple[Hashable, str], WorldTable] = {}
         self._server: asyncio.Server | None = None
+        # Connections that have not proven who speaks yet.
+        self._greeting = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `host`:`port` (0: a free port); the port listened on."""
@@ -111,10 +129,23 @@ class ChannelServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         speaker: Speaker | None = None
         try:
-            speaker = await self._greet(reader, writer)
+            if self._greeting >= MAX_GREETING:
+                log.warning("channel: %d connections are greeting already; closed %s", MAX_GREETING, _peer(writer))
+                return
+            self._greeting += 1
+            try:
+                speaker = await asyncio.wait_for(self._greet(reader, writer), HELLO_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("channel: %s sent no hello within %.0f s; closed", _peer(writer), HELLO_TIMEOUT_S)
+            finally:
+                self._greeting -= 1
             if speaker is None:
                 return
+            budget = _Budget(MESSAGE_BURST, MESSAGES_PER_S)
             while line := await reader.readline():
+                if not budget.take():
+                    await self._refuse(writer, f"more than {MESSAGES_PER_S:g} messages a second from pod {speaker.pod}")
+                    return
                 self._receive(speaker, line)
         except (ConnectionError, ValueError, asyncio.IncompleteReadError):
             pass  # gone, or a line over MAX_LINE: the worker reconnects
@@ -133,9 +164,7 @@ class ChannelServer:
             speaker = await self._authenticate(hello)
         except (Refused, ValidationError) as refusal:
             reason = str(refusal) if isinstance(refusal, Refused) else "the first line is not a channel message"
-            log.warning("channel: refused a connection from %s: %s", _peer(writer), reason)
-            writer.write(ChannelMessage(refused=reason).encode())
-            await writer.drain()
+            await self._refuse(writer, reason)
             return None
         key = (speaker.group, speaker.pod)
         previous = self._writers.get(key)
@@ -145,6 +174,13 @@ class ChannelServer:
         self._sent.pop(key, None)  # a new process of that pod: it knows nothing yet
         self._send(speaker.group, speaker.pod, writer)
         return speaker
+
+    @staticmethod
+    async def _refuse(writer: asyncio.StreamWriter, reason: str) -> None:
+        """Tell the worker why its connection closes (it retries more and more slowly)."""
+        log.warning("channel: refused a connection from %s: %s", _peer(writer), reason)
+        writer.write(ChannelMessage(refused=reason).encode())
+        await writer.drain()
 
     def _receive(self, speaker: Speaker, line: bytes) -> None:
         try:
@@ -164,6 +200,24 @@ class ChannelServer:
                 writer.close()
             self._writers.clear()
             await self._server.wait_closed()
+
+
+class _Budget:
+    """A token bucket: `burst` messages at once, refilled at `rate` a second."""
+
+    def __init__(self, burst: int, rate: float) -> None:
+        self.burst, self.rate = burst, rate
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:

@@ -139,11 +139,17 @@ def test_a_report_counts_only_from_a_rank_of_its_world_at_its_current_epoch() ->
     # The world moved on: the report is history.
     _, reports = inbox.current(WorldTable(worlds=[entry("wa", 3), entry("wb", 1)]), set())
     assert reports == []
-    # Before the operator knows the table (just started), a report waits for it.
+    # Before the operator knows the table (just started), a report waits for it: the latest per
+    # pod and world, however many a worker sends.
     early = WorkerInbox()
+    for epoch in range(1, 10_001):
+        assert early.report("mw-leader-0", broken("wa", epoch), None)
     assert early.report("mw-leader-0", broken("wa", 2), None)
+    assert early.report("mw-wa-0", broken("wa", 2), None)
+    assert early.report("mw-wa-0", broken("wa", 5), None)  # its latest: one wa has not reached
     _, reports = early.current(table, set())
     assert [(r.world, r.epoch) for r in reports] == [("wa", 2)]
+    assert [r.split(" broken")[0] for r in early.take_refusals()] == ["pod mw-wa-0 reported world wa"]
 
 
 def test_pod_cache_keeps_the_newest_of_listing_and_events() -> None:

@@ -29,9 +29,9 @@ class WorkerInbox:
         self.statuses: dict[str, WorkerStatus] = {}
         # (world, pod) -> the latest report accepted.
         self._reports: dict[tuple[str, str], BrokenWorldReport] = {}
-        # Reports that came before the operator knew the table (it had just started): checked
-        # with the first table.
-        self._unchecked: list[tuple[str, BrokenWorldReport]] = []
+        # Reports that came before the operator knew the table (it had just started), the latest
+        # per pod and world (so bounded like the accepted ones): checked with the first table.
+        self._unchecked: dict[tuple[str, str], BrokenWorldReport] = {}
         self._warned: set[tuple[str, str]] = set()
         self._refusals: list[str] = []
 
@@ -45,7 +45,7 @@ class WorkerInbox:
     def report(self, pod: str, report: BrokenWorldReport, table: WorldTable | None) -> bool:
         """Take a report from `pod`; whether it was accepted (news for the planner)."""
         if table is None:
-            self._unchecked.append((pod, report))
+            self._unchecked[(pod, report.world)] = report
             return True
         entry = next((w for w in table.worlds if w.name == report.world), None)
         if entry is None or pod not in entry.pods:
@@ -84,8 +84,8 @@ class WorkerInbox:
     def current(self, table: WorldTable, uids: set[str]) -> tuple[dict[str, WorkerStatus], list[BrokenWorldReport]]:
         """The statuses of the pod instances `uids` and the reports at their world's current
         epoch in `table`; what is older is forgotten."""
-        unchecked, self._unchecked = self._unchecked, []
-        for pod, report in unchecked:
+        unchecked, self._unchecked = self._unchecked, {}
+        for (pod, _), report in unchecked.items():
             self.report(pod, report, table)
         epochs = {w.name: w.epoch for w in table.worlds}
         self._reports = {key: r for key, r in self._reports.items() if epochs.get(r.world) == r.epoch}

@@ -1,0 +1,102 @@
+"""What one connection to the worker channel may cost the platform (the operator serves it to the
+whole cluster): a hello within its deadline, a bounded number of connections greeting at once,
+and a message rate per connection. A real ChannelServer on loopback, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+
+from multiworld.contract import ChannelMessage, Hello, WorkerStatus
+from multiworld_operator import channel_server
+from multiworld_operator.channel_server import ChannelServer, Speaker
+
+# Long enough for a hello on a loaded machine, short enough for a test to wait out.
+HELLO_TIMEOUT_S = 1.0
+
+
+async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> list[ChannelMessage]:
+    """What the server sent before it closed the connection, which it must do within `seconds`."""
+    messages = []
+    async with asyncio.timeout(seconds):
+        try:
+            while line := await reader.readline():
+                messages.append(ChannelMessage.decode(line))
+        except ConnectionResetError:
+            pass  # closed with what we sent unread
+    return messages
+
+
+def status(pod: str, step: int) -> ChannelMessage:
+    """A status unlike the one before it."""
+    return ChannelMessage(status=WorkerStatus(pod=pod, joined={"w": step}, started=datetime.now(UTC)))
+
+
+@pytest.fixture
+def short_hello(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(channel_server, "HELLO_TIMEOUT_S", HELLO_TIMEOUT_S)
+
+
+def test_a_connection_without_a_hello_is_closed_at_its_deadline(short_hello: None) -> None:
+    async def scenario() -> None:
+        server = ChannelServer(lambda *_: None, lambda *_: None)
+        port = await server.start()
+        reader, writer = await connect(port)
+        assert await closed_within(reader, HELLO_TIMEOUT_S + 5) == []
+        writer.close()
+        await server.close()
+
+    asyncio.run(scenario())
+
+
+def test_only_so_many_connections_may_greet_at_once(short_hello: None) -> None:
+    """MAX_GREETING silent connections hold every greeting slot: one more is closed at once; once
+    their deadline closed them, a hello is served again."""
+
+    async def scenario() -> None:
+        server = ChannelServer(lambda *_: None, lambda *_: None)
+        port = await server.start()
+        silent = [await connect(port) for _ in range(channel_server.MAX_GREETING)]
+        await asyncio.sleep(0.2)  # the server took each of them
+        reader, writer = await connect(port)
+        writer.write(ChannelMessage(hello=Hello(pod="late")).encode())
+        assert await closed_within(reader, HELLO_TIMEOUT_S / 2) == []
+        for silent_reader, _ in silent:
+            await closed_within(silent_reader, HELLO_TIMEOUT_S + 5)
+        reader, writer = await connect(port)
+        writer.write(ChannelMessage(hello=Hello(pod="served")).encode())
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        assert not reader.at_eof()
+        for _, silent_writer in silent:
+            silent_writer.close()
+        writer.close()
+        await server.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_over_its_message_rate_is_refused_and_closed() -> None:
+    async def scenario() -> None:
+        taken: list[Speaker] = []
+        server = ChannelServer(lambda *_: None, lambda speaker, _: taken.append(speaker))
+        port = await server.start()
+        reader, writer = await connect(port)
+        writer.write(ChannelMessage(hello=Hello(pod="chatty")).encode())
+        sent = channel_server.MESSAGE_BURST * 5
+        writer.write(b"".join(status("chatty", step).encode() for step in range(sent)))
+        await writer.drain()
+        messages = await closed_within(reader, 10)
+        refusals = [m.refused for m in messages if m.refused is not None]
+        assert len(refusals) == 1 and "messages a second from pod chatty" in refusals[0]
+        assert channel_server.MESSAGE_BURST <= len(taken) < sent
+        writer.close()
+        await server.close()
+
+    asyncio.run(scenario())
