@@ -64,8 +64,8 @@ def example_manifest(
     spares: dict[str, int] | None = None,
 ) -> Path:
     """examples/<example>/multiworld.yaml as committed, with our worker image (never pulled),
-    its own name, a first restart with no delay, steps enough to outlast the test, and the warm
-    spares given per member."""
+    its own name, a first restart with no delay (its failure policy kept otherwise), steps
+    enough to outlast the test, and the warm spares given per member."""
     manifest: dict[str, Any] = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
     manifest["metadata"]["name"] = name
     spec = manifest["spec"]
@@ -74,7 +74,7 @@ def example_manifest(
     container["imagePullPolicy"] = "Never"
     container["args"] = ["--steps", str(steps), "--interval", str(interval)]
     for world in spec["worlds"]:
-        world["failurePolicy"] = {"maxRestarts": 20, "window": "1h",
+        world["failurePolicy"] = {**world.get("failurePolicy", {}), "maxRestarts": 20, "window": "1h",
                                   "backoff": {"initialDelay": initial_delay}}  # fmt: skip
     for member in spec["members"]:
         if member["name"] in (spares or {}):

@@ -20,13 +20,14 @@ from kubernetes import client
 from multiworld_test_cluster import Cluster, ClusterError
 from node_support import (
     WAIT_S,
+    WORKER_IMAGE,
     Operator,
     example_manifest,
     install_operator,
     kubectl,
     signal_container,
 )
-from operator_support import KubeNamespace, wait_for
+from operator_support import WORKER_SA, KubeNamespace, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.node]
 
@@ -441,6 +442,58 @@ def test_a_manifest_without_the_worker_serviceaccount_runs(
     try:
         _wait_running(kube, name, {"world1": 1, "world2": 1})
         assert {p.spec.service_account_name for p in kube.pods(name).values()} == {"default"}
+    finally:
+        kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
+        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
+
+
+def test_a_hostile_worker_pod_breaks_nothing(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
+) -> None:
+    """A pod of our worker image, under the workers' ServiceAccount, attacks for real
+    (tests/kube/hostile_worker.py): over the worker channel it reports broken a world it holds
+    no rank in and its own world at an epoch to come; through the API server it patches another
+    member pod's image with the token it holds. Both reports are refused, each said by a Warning
+    Event naming the pod; no world moves; the patch is refused and the image stays."""
+    name = "hostile"
+    manifest = {
+        "apiVersion": "multiworld.io/v1alpha1",
+        "kind": "MultiWorld",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {"spec": {"serviceAccountName": WORKER_SA, "containers": [{
+                "name": "worker", "image": WORKER_IMAGE, "imagePullPolicy": "Never",
+                "command": ["python", "-c", (REPO / "tests" / "kube" / "hostile_worker.py").read_text()],
+            }]}},
+            "members": [{"name": "leader"}, {"name": "other"}, {"name": "attacker"}],
+            "worlds": [{"name": "victim", "ranks": ["leader", "other"]},
+                       {"name": "own", "ranks": ["leader", "attacker"]}],
+        },
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(manifest))
+    kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
+    attacker = f"{name}-attacker-0"
+    try:
+        _wait_running(kube, name, {"victim": 1, "own": 1})
+        log = _wait_log(kube_node, operator, attacker, "attack patch:")
+        assert re.search(r"attack patch: refused 40[13]", log), log
+
+        def both_refused() -> list[str] | None:
+            found = [e.message for e in kube.events(name) if e.reason == "ReportRefused" and e.type == "Warning"]
+            return found if len(found) == 2 else None
+
+        refused = wait_for("a ReportRefused Event for each forged report", both_refused, WAIT_S)
+        assert all(f"pod {attacker} reported world" in message for message in refused), refused
+        assert any("world victim broken at a world it holds no rank in" in m for m in refused), refused
+        assert any("world own broken at epoch 6, which that world has not reached" in m for m in refused), refused
+        worlds = kube.status(name)["worlds"]
+        assert {w: (s["epoch"], s["restarts"], s["phase"]) for w, s in worlds.items()} == {
+            "victim": (1, 0, "Running"),
+            "own": (1, 0, "Running"),
+        }
+        (container,) = kube.pods(name)[f"{name}-leader-0"].spec.containers
+        assert container.image == WORKER_IMAGE
     finally:
         kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
         wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
