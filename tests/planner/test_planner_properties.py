@@ -213,14 +213,16 @@ def silent_too_long(sim: Sim, before: MultiWorldStatus, pod: str) -> bool:
     world's join timeout after the epoch opened, shows neither joining nor having joined it."""
     record = before.pods.get(pod)
     seen = sim.pods.get(before.played_by_pod(pod))
-    if record is None or seen is None or seen.phase != "Running" or seen.joined is None:
+    if record is None or seen is None or seen.phase != "Running":
         return False
+    # A worker that says nothing holds the epochs its pod was made for.
+    joined = seen.joined if seen.joined is not None else record.created_for
     return any(
         (state := before.worlds[w]).up
         and state.epoch_started is not None
         and sim.now >= state.epoch_started + timedelta(seconds=sim.mw.world(w).failure_policy.join_timeout_seconds)
         and record.created_for.get(w, 0) < state.epoch
-        and state.epoch not in (seen.joined.get(w), seen.joining.get(w))
+        and state.epoch not in (joined.get(w), seen.joining.get(w))
         for w in sim.mw.worlds_of_pod(pod)
     )
 
@@ -418,6 +420,31 @@ def test_spec_edits_touch_only_what_changed(pair: tuple[MultiWorld, MultiWorld])
     check_idempotent(sim, sim.observation(), result)
 
 
+def edit_templates(sim: Sim, edited: list[int], room: int) -> set[str]:
+    """Bring the MultiWorld up with every pool full, then give the members `edited` (indexes,
+    wrapping) a new template with `maxUnavailable: room`; the names of those members."""
+    for _ in range(4):
+        sim.settle()
+        sim.start_all()
+        sim.step()
+    data = sim.mw.model_dump(by_alias=True, exclude_none=True)
+    names = [m["name"] for m in data["spec"]["members"]]
+    changed = {names[i % len(names)] for i in edited}
+    for member in data["spec"]["members"]:
+        if member["name"] in changed:
+            member["template"] = {"spec": {"containers": [{"name": "c", "image": "new"}]}}
+    data["spec"]["updateStrategy"] = {"maxUnavailable": room}
+    sim.mw = MultiWorld.model_validate(data)
+    return changed
+
+
+def rolled_within(result: Plan, room: int) -> None:
+    """The plan rolls out at most `room` pods (a PodUpdated Event each: a failure's replacements
+    are not the rollout's)."""
+    rolled = [e.message for e in result.events if e.reason == "PodUpdated"]
+    assert len(rolled) <= room, rolled
+
+
 @SETTINGS
 @given(
     mw=topologies(),
@@ -432,28 +459,60 @@ def test_a_rollout_replaces_each_old_pod_once_within_its_room_and_restarts_nothi
     are replaced, no restart is counted, no pod of an unedited member moves, and every world
     runs again."""
     sim = Sim(mw)
-    for _ in range(4):  # up, with every pool full
-        sim.settle()
-        sim.start_all()
-        sim.step()
-    data = mw.model_dump(by_alias=True, exclude_none=True)
-    names = [m["name"] for m in data["spec"]["members"]]
-    changed = {names[i % len(names)] for i in edited}
-    for member in data["spec"]["members"]:
-        if member["name"] in changed:
-            member["template"] = {"spec": {"containers": [{"name": "c", "image": "new"}]}}
-    data["spec"]["updateStrategy"] = {"maxUnavailable": room}
-    sim.mw = MultiWorld.model_validate(data)
+    changed = edit_templates(sim, edited, room)
     replaced: list[str] = []
     for _ in range(40):
         result = sim.step()
-        rolled = [d.pod for d in result.deletes if d.reason.startswith("rolling out")]
-        rolled += [a.plays for a in result.assigns]
-        assert len(rolled) <= room, rolled
-        replaced += rolled
+        rolled_within(result, room)
+        replaced += [d.pod for d in result.deletes if d.reason.startswith("rolling out")]
+        replaced += [a.plays for a in result.assigns]
         sim.start_all()
     assert sim.status is not None and sim.status.restarts == 0
     expected = {p for m in changed for p in sim.mw.pods_of(m)}
     assert sorted(replaced) == sorted(expected), (replaced, expected)
     assert sim.status.updated == f"{len(sim.mw.all_pods())}/{len(sim.mw.all_pods())}"
     assert all(w.phase == "Running" for w in sim.status.worlds.values()), sim.status.worlds
+
+
+@SETTINGS
+@given(
+    mw=topologies(),
+    edited=st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
+    room=st.integers(1, 3),
+    faults=st.lists(FAULTS.filter(lambda f: f[0] not in ("finish", "freeze", "suspend")), max_size=12),
+)
+def test_a_rollout_under_random_faults_stays_within_its_room_and_ends(
+    mw: MultiWorld, edited: list[int], room: int, faults: list[tuple[Any, ...]]
+) -> None:
+    """Templates edited on a running MultiWorld while pods fail, vanish and are reported broken
+    between the rollout's steps: no step rolls out more than `maxUnavailable` pods, epochs only
+    grow, and once the faults stop every world that is not Failed runs again with each edited
+    member's pods on its new template, unless a pod of that template failed, which halts the
+    member's rollout (its pods then stay as they are)."""
+    sim = Sim(mw)
+    changed = edit_templates(sim, edited, room)
+    for fault in faults:
+        inject(sim, fault)
+        assert sim.status is not None
+        before = {name: w.epoch for name, w in sim.status.worlds.items()}
+        result = sim.step()
+        rolled_within(result, room)
+        assert all(result.status.worlds[name].epoch >= epoch for name, epoch in before.items())
+    for _ in range(40):
+        sim.start_all()
+        result = sim.step()
+        rolled_within(result, room)
+        if result.requeue_after:
+            sim.advance(result.requeue_after)
+    status = sim.status
+    assert status is not None
+    assert all(w.phase in ("Running", "Failed") for w in status.worlds.values()), status.worlds
+    if all(w.phase == "Running" for w in status.worlds.values()):
+        digests = {m: sim.mw.template_digest(m) for m in changed if m not in status.rollout_halted}
+        stale = [
+            pod
+            for member, digest in digests.items()
+            for pod in sim.mw.pods_of(member)
+            if status.pods[pod].template != digest
+        ]
+        assert stale == [], (stale, status.rollout_halted)
