@@ -558,9 +558,10 @@ def test_warm_spares_take_a_killed_members_place(
 ) -> None:
     """w1 keeps one warm spare: one death takes one spare. A killed w1-1's world comes back with
     the spare playing w1-1 under its own name, labelled and shown in the status, and w1-0 in its
-    own pod; the pool refills; world2 and the leader never notice. Then w1's template changes:
-    the spare of the old template goes, and a kill before the new one is warm takes the old path
-    (a pod of the member's own name, of the new template)."""
+    own pod; the pool refills; world2 and the leader never notice. Then w1's template changes,
+    its rollout paused: the spare of the old template goes, and a kill before the new one is warm
+    takes the old path (a pod of the member's own name, of the new template). Resumed, the
+    rollout puts the last pod of the old template onto the warm spare of the new one."""
     name = "spares"
     path = example_manifest("all_gather", name, tmp_path, spares={"w1": 1})
     kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
@@ -616,7 +617,30 @@ def test_warm_spares_take_a_killed_members_place(
         assert env.get("TEMPLATE_EDIT") == "1", "w1-1 is not of w1's new template"
         assert pods[f"{name}-w1-0"].metadata.uid == before[f"{name}-w1-0"], "the live w1-0 was replaced"
         assert not set(played.values()) & set(pods), "the spare that played was not deleted"
-        _spares_ready(kube, name, "w1", 1)
+        (warm,) = _spares_ready(kube, name, "w1", 1)
+        _assert_world2_untouched(kube_node, operator, kube, name)
+
+        # The rollout resumed: w1-0, the one pod left of the old template, goes onto the warm
+        # spare of the new one (no pod made for it, no restart counted).
+        before = kube.uids(name)
+        kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
+                "-p", json.dumps({"spec": {"updateStrategy": {"paused": False}}}))  # fmt: skip
+
+        def rolled() -> dict[str, Any] | None:
+            status = kube.status(name)
+            progressing = {c["type"]: c for c in status.get("conditions", [])}.get("Progressing")
+            done = progressing is not None and progressing["reason"] == "RolloutComplete"
+            return status if done and status.get("phase") == "Running" else None
+
+        status = wait_for("w1's rollout onto its warm spare complete", rolled, WAIT_S)
+        assert status["playedBy"] == {f"{name}-w1-0": warm}, status.get("playedBy")
+        assert (status["worlds"]["world1"]["epoch"], status["worlds"]["world1"]["restarts"]) == (4, 2), status
+        pods = kube.pods(name)
+        assert pods[warm].metadata.uid == before[warm], "the spare plays in the pod it was started in"
+        assert f"{name}-w1-0" not in pods, "w1-0 was made again although a spare plays it"
+        updated = [e.message for e in kube.events(name) if e.reason == "PodUpdated"]
+        assert len(updated) == 1 and f"pod {name}-w1-0 " in updated[0], updated
+        _wait_log(kube_node, operator, warm, "rank: 1 has tensor")
         _assert_world2_untouched(kube_node, operator, kube, name)
     finally:
         kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
