@@ -4,7 +4,8 @@
 Each connection opens with a hello, which `authenticate` turns into a `Speaker` (the local
 runner trusts its own processes; the operator checks the pod's token: kube/worker_identity.py)
 or refuses, with a reason sent back before the connection closes. From then on, what arrives on
-it is that speaker's, whatever the messages claim (their `pod` is overwritten), and the server
+it is that speaker's, whatever the messages claim (their `pod` is overwritten, and a report's
+`time` is when the platform heard it, by the platform's clock), and the server
 pushes that pod its part of its group's world table (the entries of its own worlds: a change
 elsewhere sends it nothing). A group is one MultiWorld.
 
@@ -20,6 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
@@ -189,7 +191,9 @@ class ChannelServer:
             log.warning("channel: bad message from pod %s: %s", speaker.pod, exc)
             return
         if message.report is not None:
-            self._on_report(speaker, message.report.model_copy(update={"pod": speaker.pod}))
+            # Stamped with this clock: the platform compares it with its own sightings of pods.
+            heard = datetime.now(UTC)
+            self._on_report(speaker, message.report.model_copy(update={"pod": speaker.pod, "time": heard}))
         elif message.status is not None:
             self._on_status(speaker, message.status.model_copy(update={"pod": speaker.pod}))
 

@@ -176,6 +176,35 @@ def test_pod_cache_keeps_the_newest_of_listing_and_events() -> None:
     assert phases == {"mw-a-0": "Failed", "mw-a-1": "Pending", "mw-b-0": "Running"}  # mw-b-1 stays deleted
 
 
+def test_a_pod_counts_as_started_when_the_operator_first_saw_it_running() -> None:
+    """By the operator's clock, the one worker reports are stamped with on arrival: a kubelet on
+    another node, its clock skewed, has no say."""
+    skewed = {"containerStatuses": [{"state": {"running": {"startedAt": "2099-01-01T00:00:00Z"}}}]}
+
+    def at(version: int, phase: str = "Running", uid: str = "uid-1") -> dict[str, Any]:
+        item = pod("mw-a-0", phase, resourceVersion=str(version), uid=uid)
+        item["status"].update(skewed)
+        return item
+
+    def started() -> datetime | None:
+        (seen,) = cache.pods()
+        assert seen.observation is not None
+        return seen.observation.started
+
+    cache = PodCache(OWNER)
+    cache.changed(False, at(1, "Pending"))
+    assert started() is None
+    before = datetime.now(UTC)
+    cache.changed(False, at(2))
+    first = started()
+    assert first is not None and before <= first <= datetime.now(UTC)
+    cache.changed(False, at(3))
+    assert started() == first  # the first sighting, not the latest
+    cache.changed(False, at(4, uid="uid-2"))  # a new instance of that name
+    second = started()
+    assert second is not None and second >= first
+
+
 def test_the_memory_round_trips_through_its_configmap() -> None:
     memory = {
         "phase": "Running",

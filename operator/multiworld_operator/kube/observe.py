@@ -75,14 +75,9 @@ class Waiting(_Lenient):
     message: str = ""
 
 
-class Running(_Lenient):
-    started_at: datetime | None = Field(default=None, alias="startedAt")
-
-
 class ContainerState(_Lenient):
     terminated: Terminated | None = None
     waiting: Waiting | None = None
-    running: Running | None = None
 
 
 class PodCondition(_Lenient):
@@ -112,16 +107,6 @@ class PodState(_Lenient):
             if status.state.waiting is not None and status.state.waiting.reason:
                 return ": ".join(part for part in (status.state.waiting.reason, status.state.waiting.message) if part)
         return ""
-
-    @property
-    def started(self) -> datetime | None:
-        """When the last of its containers started running."""
-        times = [
-            s.state.running.started_at
-            for s in self.container_statuses
-            if s.state.running is not None and s.state.running.started_at is not None
-        ]
-        return max(times) if times else None
 
     @property
     def termination_message(self) -> str:
@@ -169,7 +154,10 @@ class SeenPod(BaseModel):
     plays: str = ""
 
 
-def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
+def see_pod(item: Mapping[str, Any], owner_uid: str, running_since: datetime | None = None) -> SeenPod:
+    """The pod as the planner observes it; `running_since`: when the operator first saw this
+    instance Running, by its own clock (the one it stamps reports with: the kubelet's clock on
+    another node is not comparable)."""
     pod = KubePod.model_validate(item)
     meta = pod.metadata
     if not meta.owned_by(owner_uid):
@@ -183,7 +171,7 @@ def see_pod(item: Mapping[str, Any], owner_uid: str) -> SeenPod:
         phase=_PHASES.get(pod.status.phase, "Pending"),
         message=pod.status.termination_message,
         waiting=pod.status.waiting if pod.status.phase == "Pending" else "",
-        started=pod.status.started,
+        started=running_since if pod.status.phase == "Running" else None,
         created_for=_annotation(meta, CREATED_FOR_ANNOTATION, _CREATED_FOR) or {},
     )
     return SeenPod(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from .observe import SeenPod, see_pod
@@ -29,6 +30,8 @@ class PodCache:
         self._pods: dict[str, tuple[int, SeenPod]] = {}
         self._gone: dict[str, int] = {}
         self._listed_at: float | None = None
+        # Pod uid -> when this cache first saw that instance Running (the operator's clock).
+        self._running_since: dict[str, datetime] = {}
 
     def stale(self) -> bool:
         """Whether a listing is due: never listed, or not for RELIST_S."""
@@ -51,7 +54,7 @@ class PodCache:
             if name in self._gone and seen <= self._gone[name]:
                 continue  # that instance is known to be deleted: the listing predates it
             cached = self._pods.get(name)
-            fresh[name] = cached if cached is not None and cached[0] >= seen else (seen, see_pod(item, self.owner_uid))
+            fresh[name] = cached if cached is not None and cached[0] >= seen else (seen, self._see(item))
         for name, cached in self._pods.items():
             if name not in fresh and cached[0] > at:
                 fresh[name] = cached  # created after the listing
@@ -60,6 +63,8 @@ class PodCache:
         self._gone = {name: when for name, when in self._gone.items() if name in listed}
         self._pods = fresh
         self._listed_at = time.monotonic()
+        uids = {pod.uid for _, pod in fresh.values()}
+        self._running_since = {uid: at for uid, at in self._running_since.items() if uid in uids}
 
     def changed(self, deleted: bool, item: Mapping[str, Any]) -> bool:
         """Take one pod as a watch event (or a create's or delete's response) gave it; False
@@ -72,11 +77,22 @@ class PodCache:
         if name in self._gone and self._gone[name] >= seen:
             return False
         if deleted:
-            self._pods.pop(name, None)
+            gone = self._pods.pop(name, None)
+            if gone is not None:
+                self._running_since.pop(gone[1].uid, None)
             self._gone[name] = seen
         else:
-            self._pods[name] = (seen, see_pod(item, self.owner_uid))
+            self._pods[name] = (seen, self._see(item))
         return True
+
+    def _see(self, item: Mapping[str, Any]) -> SeenPod:
+        """see_pod, with the moment this cache first saw the instance Running."""
+        status = item.get("status") or {}
+        uid = str(item["metadata"].get("uid", ""))
+        since = None
+        if status.get("phase") == "Running":
+            since = self._running_since.setdefault(uid, datetime.now(UTC))
+        return see_pod(item, self.owner_uid, since)
 
 
 def _identity(item: Mapping[str, Any]) -> tuple[str, int]:

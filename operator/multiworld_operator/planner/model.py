@@ -43,7 +43,8 @@ class PodObservation(_Model):
     message: str = ""
     # Why a pod that is not Running yet waits (unschedulable, pulling its image, ...), if known.
     waiting: str = ""
-    # When its container started running, if the platform knows.
+    # When the platform first saw it running, by the platform's clock (the one reports are
+    # stamped with on arrival), if it knows.
     started: datetime | None = None
     # A warm spare whose worker waits for an identity (WorkerStatus.waiting): ready to serve.
     warm: bool = False

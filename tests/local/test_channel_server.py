@@ -1,6 +1,8 @@
-"""What one connection to the worker channel may cost the platform (the operator serves it to the
-whole cluster): a hello within its deadline, a bounded number of connections greeting at once,
-and a message rate per connection. A real ChannelServer on loopback, real sockets."""
+"""The platform's end of the worker channel, a real ChannelServer on loopback with real
+sockets: what arrives on a connection is its speaker's, stamped by the platform's clock; and
+what one connection may cost the platform (the operator serves it to the whole cluster): a
+hello within its deadline, a bounded number of connections greeting at once, and a message rate
+per connection."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from multiworld.contract import ChannelMessage, Hello, WorkerStatus
+from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus
 from multiworld_operator import channel_server
 from multiworld_operator.channel_server import ChannelServer, Speaker
 
@@ -36,6 +38,33 @@ async def closed_within(reader: asyncio.StreamReader, seconds: float) -> list[Ch
 def status(pod: str, step: int) -> ChannelMessage:
     """A status unlike the one before it."""
     return ChannelMessage(status=WorkerStatus(pod=pod, joined={"w": step}, started=datetime.now(UTC)))
+
+
+def test_a_report_is_its_speakers_and_dated_when_the_platform_heard_it() -> None:
+    """Whatever pod and time a report claims: the connection's pod, and the platform's clock
+    (it compares reports with its own sightings of pods; a worker's clock may be skewed)."""
+
+    async def scenario() -> None:
+        heard: list[tuple[Speaker, BrokenWorldReport]] = []
+        server = ChannelServer(lambda speaker, report: heard.append((speaker, report)), lambda *_: None)
+        port = await server.start()
+        reader, writer = await connect(port)
+        writer.write(ChannelMessage(hello=Hello(pod="honest")).encode())
+        long_ago = datetime(2000, 1, 1, tzinfo=UTC)
+        claimed = BrokenWorldReport(world="w", epoch=1, reason="x", pod="someone-else", time=long_ago)
+        before = datetime.now(UTC)
+        writer.write(ChannelMessage(report=claimed).encode())
+        await writer.drain()
+        async with asyncio.timeout(5):
+            while not heard:
+                await asyncio.sleep(0.01)
+        ((speaker, report),) = heard
+        assert speaker.pod == report.pod == "honest"
+        assert before <= report.time <= datetime.now(UTC)
+        writer.close()
+        await server.close()
+
+    asyncio.run(scenario())
 
 
 @pytest.fixture
