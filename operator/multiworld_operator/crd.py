@@ -101,6 +101,21 @@ def _printer_columns() -> list[dict[str, Any]]:
             "description": "Member pods of their member's current template / all member pods",
         },
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        # With -o wide: which worlds are unhealthy, and where a rollout stands.
+        {
+            "name": "Health",
+            "type": "string",
+            "priority": 1,
+            "jsonPath": '.status.conditions[?(@.type=="Degraded")].message',
+            "description": "The worlds failed or recovering (the Degraded condition's message)",
+        },
+        {
+            "name": "Rollout",
+            "type": "string",
+            "priority": 1,
+            "jsonPath": '.status.conditions[?(@.type=="Progressing")].reason',
+            "description": "RollingOut, RolloutPaused, RolloutHalted or RolloutComplete (the Progressing condition)",
+        },
     ]
 
 

@@ -166,13 +166,15 @@ def test_printer_columns_show_phase_worlds_and_restarts(api: client.ApiClient) -
 
     def row() -> list[Any] | None:  # a list may be served from the watch cache a moment behind
         table = _get(api, path, accept)
-        names = [c["name"] for c in table["columnDefinitions"]][:6]
-        assert names == ["Name", "Phase", "Worlds", "Restarts", "Updated", "Age"]
+        columns = [(c["name"], c["priority"]) for c in table["columnDefinitions"]]
+        assert columns == [("Name", 0), ("Phase", 0), ("Worlds", 0), ("Restarts", 0), ("Updated", 0), ("Age", 0),
+                           ("Health", 1), ("Rollout", 1)]  # fmt: skip
         cells = next((r["cells"] for r in table["rows"] if r["cells"][0] == "columns"), None)
         return cells if cells and cells[1] else None
 
     cells = _cluster_module().wait_for("the columns MultiWorld in a table listing", row, LIST_TIMEOUT_S)
     assert cells[1:4] == ["Recovering", "1/2", 1]
+    assert cells[6] == "not healthy: world1", cells  # -o wide
 
 
 @pytest.mark.parametrize("example", EXAMPLE_MANIFESTS)
