@@ -213,10 +213,9 @@ def silent_too_long(sim: Sim, before: MultiWorldStatus, pod: str) -> bool:
     world's join timeout after the epoch opened, shows neither joining nor having joined it."""
     record = before.pods.get(pod)
     seen = sim.pods.get(before.played_by_pod(pod))
-    if record is None or seen is None or seen.phase != "Running":
+    if record is None or seen is None or seen.phase != "Running" or seen.joined is None:
         return False
-    # A worker that says nothing holds the epochs its pod was made for.
-    joined = seen.joined if seen.joined is not None else record.created_for
+    joined = seen.joined
     return any(
         (state := before.worlds[w]).up
         and state.epoch_started is not None

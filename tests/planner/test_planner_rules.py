@@ -895,40 +895,6 @@ def test_a_pod_that_ends_after_its_world_broke_is_replaced_without_a_second_fail
     assert sim.world_phase("world1") == "Running" and sim.epoch("world1") == 2
 
 
-def saying_nothing(sim: Sim) -> None:
-    """Every pod's program runs without the worker library (plain torch.distributed): its
-    worker never says what it joined."""
-    for name, pod in sim.pods.items():
-        sim.pods[name] = pod.model_copy(update={"joined": None, "joining": {}})
-
-
-def test_a_program_that_says_nothing_holds_only_the_epoch_its_pod_was_made_for() -> None:
-    """Without the worker library a kept pod cannot join a new epoch (its environment names the
-    old one): the world is not back while such a pod holds a rank, one that ends then is
-    replaced without a second failure, and one that stays is replaced at the join timeout."""
-    sim = running(failurePolicy={"joinTimeout": "10s"})
-    saying_nothing(sim)
-    sim.step()
-    assert sim.world_phase("world1") == "Running"
-    sim.fail(W1_1)
-    sim.step()
-    sim.step()  # w1-1 recreated
-    sim.start_all()
-    saying_nothing(sim)
-    result = sim.step()
-    assert sim.epoch("world1") == 2 and sim.world_phase("world1") == "Recovering"
-    assert result.status.worlds["world1"].ready_ranks == 1  # only the new w1-1
-    sim.fail(W1_0)
-    result = sim.step()
-    assert [d.pod for d in result.deletes] == [W1_0]
-    assert sim.epoch("world1") == 2 and result.status.worlds["world1"].restarts == 1
-    sim.advance(10)
-    result = sim.step()
-    assert {d.pod: d.reason for d in result.deletes} == {LEADER: "did not join world world1 epoch 2 within 10s"}
-    sim.settle()
-    assert sim.world_phase("world1") == "Running" and sim.epoch("world1") == 2
-
-
 # -- suspend and resume -----------------------------------------------------------------------
 
 

@@ -26,8 +26,7 @@ class PodObservation(_Model):
     """One pod as a platform sees it now. `created_for` is the stamp the planner gave the pod
     when it asked for it (CreatePod.created_for; platforms store it on the pod and read it
     back). `joined`, when the platform knows it (WorkerStatus.joined), is the epoch the pod's
-    worker holds per world; None means its worker said nothing, and a Running pod then counts as
-    holding the epochs it was made for (`created_for`), no later one."""
+    worker holds per world; None means unknown, and a Running pod then counts as joined."""
 
     name: str
     member: str

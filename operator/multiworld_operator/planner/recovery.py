@@ -13,8 +13,7 @@
   restart: exact up to RECENT_RESTARTS restarts in the window, a restart beyond counted at most
   a slot's width too long.
 - A pod instance that ends fails only the worlds whose current epoch it was made for or joined
-  (or may have: when it is gone with nothing known of it). A worker that says nothing (a program
-  without the worker library) holds only the epochs its pod was made for. A shared pod kept for a world's new epoch
+  (or may have: when nothing says what it joined). A shared pod kept for a world's new epoch
   that dies before joining it fails that world no second time: its replacement joins the epoch.
 - Which pods a failure costs (`failurePolicy.replace`). `Pod`, the default: only what is gone.
   A pod that ended is replaced (failed, deleted, or finished before it joined its world's
@@ -58,23 +57,21 @@ def join_deadline(step: Step, name: str, state: WorldStatus) -> datetime | None:
 
 def silent(step: Step, pod: str, world: str, epoch: int) -> bool:
     """Whether `pod` was kept from an earlier epoch of `world` and its running worker shows
-    neither that it joined `epoch` nor that it is joining it (a worker that says nothing knows
-    only the epoch its pod was made for: silent)."""
+    neither that it joined `epoch` nor that it is joining it (unknown: not silent)."""
     record, seen = step.records.get(pod), step.current(pod)
-    if record is None or seen is None or seen.phase != "Running":
+    if record is None or seen is None or seen.phase != "Running" or seen.joined is None:
         return False
     if record.created_for.get(world, 0) >= epoch:
         return False  # made for this epoch: a slow start is not silence
-    return not step.joined(pod, world, epoch) and seen.joining.get(world) != epoch
+    return seen.joined.get(world) != epoch and seen.joining.get(world) != epoch
 
 
 def _took_part(record: PodRecord, seen: PodObservation | None, world: str, epoch: int) -> bool:
-    """Whether the pod instance that ended was (or may have been) a rank of `world` at `epoch`:
-    made for it, said it joined it, or gone without a trace of what it held. A kept worker that
-    said nothing knew only the epoch its pod was made for."""
-    if record.created_for.get(world) == epoch or seen is None:
+    """Whether the pod instance that ended was (or may have been) a rank of `world` at `epoch`."""
+    if record.created_for.get(world) == epoch:
         return True
-    return seen.joined is not None and seen.joined.get(world) == epoch
+    joined = seen.joined if seen is not None else None
+    return joined is None or joined.get(world) == epoch
 
 
 def _named(report: BrokenWorldReport, state: WorldStatus) -> str | None:

@@ -103,21 +103,12 @@ class Step:
             self._matches[pod] = known
         return seen if known[1] else None
 
-    def joined(self, pod: str, world: str, epoch: int) -> bool:
-        """Whether member pod `pod`'s instance holds `world` at `epoch`, as its worker says. One
-        that says nothing (a program without the worker library, or one not heard yet) holds
-        only the epoch its pod was made for: its environment names no other."""
-        seen = self.current(pod)
-        if seen is None:
-            return False
-        if seen.joined is not None:
-            return seen.joined.get(world) == epoch
-        return self.records[pod].created_for.get(world) == epoch
-
     def ready(self, pod: str, world: str, epoch: int) -> bool:
-        """Whether member pod `pod`'s instance runs and joined `world` at `epoch`."""
+        """Whether member pod `pod`'s instance runs and joined `world` at `epoch` (unknown: yes)."""
         seen = self.current(pod)
-        return seen is not None and seen.phase == "Running" and self.joined(pod, world, epoch)
+        if seen is None or seen.phase != "Running":
+            return False
+        return seen.joined is None or seen.joined.get(world) == epoch
 
     def finished(self, pod: str) -> bool:
         seen = self.current(pod)
