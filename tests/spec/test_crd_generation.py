@@ -46,13 +46,17 @@ def test_names_scope_and_subresources() -> None:
 
 
 def test_printer_columns() -> None:
-    columns = {c["name"]: (c["type"], c["jsonPath"]) for c in version()["additionalPrinterColumns"]}
+    printed = version()["additionalPrinterColumns"]
+    columns = {c["name"]: (c["type"], c["jsonPath"], c.get("priority", 0)) for c in printed}
     assert columns == {
-        "Phase": ("string", ".status.phase"),
-        "Worlds": ("string", ".status.worldsReady"),
-        "Restarts": ("integer", ".status.restarts"),
-        "Updated": ("string", ".status.updated"),
-        "Age": ("date", ".metadata.creationTimestamp"),
+        "Phase": ("string", ".status.phase", 0),
+        "Worlds": ("string", ".status.worldsReady", 0),
+        "Restarts": ("integer", ".status.restarts", 0),
+        "Updated": ("string", ".status.updated", 0),
+        "Age": ("date", ".metadata.creationTimestamp", 0),
+        # -o wide only
+        "Health": ("string", '.status.conditions[?(@.type=="Degraded")].message', 1),
+        "Rollout": ("string", '.status.conditions[?(@.type=="Progressing")].reason', 1),
     }
 
 
