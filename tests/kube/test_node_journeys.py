@@ -105,6 +105,18 @@ def _wait_running(kube: KubeNamespace, name: str, epochs: dict[str, int]) -> dic
     return wait_for(f"MultiWorld {name} Running at epochs {epochs}", running, WAIT_S)
 
 
+def _wait_rollout_complete(kube: KubeNamespace, name: str, what: str) -> dict[str, Any]:
+    """The status once the rollout is complete (Progressing: RolloutComplete) and every world runs."""
+
+    def complete() -> dict[str, Any] | None:
+        status = kube.status(name)
+        progressing = {c["type"]: c for c in status.get("conditions", [])}.get("Progressing")
+        done = progressing is not None and progressing["reason"] == "RolloutComplete"
+        return status if done and status.get("phase") == "Running" else None
+
+    return wait_for(f"the rollout of {what} complete", complete, WAIT_S)
+
+
 def _logs(cluster: Cluster, operator: Operator, pod: str) -> str:
     return kubectl(cluster, "logs", "-n", operator.apps, pod)
 
@@ -314,13 +326,7 @@ def test_a_template_edit_rolls_out_pod_by_pod(
     kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
             "-p", json.dumps({"spec": {"members": members}}))  # fmt: skip
 
-    def complete() -> dict[str, Any] | None:
-        status = kube.status(name)
-        progressing = {c["type"]: c for c in status.get("conditions", [])}.get("Progressing")
-        done = progressing is not None and progressing["reason"] == "RolloutComplete"
-        return status if done and status.get("phase") == "Running" else None
-
-    status = wait_for("the rollout of w2's new template complete", complete, WAIT_S)
+    status = _wait_rollout_complete(kube, name, "w2's new template")
     assert status["updated"] == "5/5" and "rollout" not in status, status
     assert {w: (s["epoch"], s["restarts"]) for w, s in status["worlds"].items()} == {
         "world1": (1, 0),
@@ -625,14 +631,7 @@ def test_warm_spares_take_a_killed_members_place(
         before = kube.uids(name)
         kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
                 "-p", json.dumps({"spec": {"updateStrategy": {"paused": False}}}))  # fmt: skip
-
-        def rolled() -> dict[str, Any] | None:
-            status = kube.status(name)
-            progressing = {c["type"]: c for c in status.get("conditions", [])}.get("Progressing")
-            done = progressing is not None and progressing["reason"] == "RolloutComplete"
-            return status if done and status.get("phase") == "Running" else None
-
-        status = wait_for("w1's rollout onto its warm spare complete", rolled, WAIT_S)
+        status = _wait_rollout_complete(kube, name, "w1's new template onto its warm spare")
         assert status["playedBy"] == {f"{name}-w1-0": warm}, status.get("playedBy")
         assert (status["worlds"]["world1"]["epoch"], status["worlds"]["world1"]["restarts"]) == (4, 2), status
         pods = kube.pods(name)
