@@ -161,7 +161,7 @@ class Node:
         """Refuse when another folder's node runs; clear what a crashed one left; save sysctls."""
         if MARKER.exists():
             owner = Path(json.loads(MARKER.read_text())["directory"])
-            if owner != self.directory and Node(owner, self.ip).socket.exists():
+            if owner != self.directory and _listening(Node(owner, self.ip).socket):
                 raise NodeError(
                     f"a node already runs on this machine from {owner} (one per machine: it owns "
                     f"{BRIDGE} and the pod network); stop it first (`make cluster-down` for .cluster/)"
@@ -424,6 +424,17 @@ def _processes() -> dict[int, tuple[int, list[str]]]:
         parent = int(stat.rsplit(")", 1)[1].split()[1])
         found[int(entry.name)] = (parent, argv)
     return found
+
+
+def _listening(unix_socket: Path) -> bool:
+    """Whether a process serves `unix_socket`: a killed node (its machine snapshotted, its
+    session cut off) leaves the file behind, which must not block the next node."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(unix_socket))
+        except OSError:
+            return False
+    return True
 
 
 def _shims(containerd_socket: Path) -> list[int]:

@@ -4,6 +4,7 @@ RBAC; the real node runs pods with cluster DNS and in-cluster API access; `down`
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
+from node import MARKER, Node  # tests/cluster/node.py, on sys.path once cluster.py is loaded
 
 pytestmark = pytest.mark.kube
 
@@ -247,8 +249,10 @@ def _host_traces(directory: Path) -> dict[str, list[str]]:
 @pytest.mark.timeout(900)
 def test_cli_up_runs_a_real_node_and_down_leaves_nothing(tmp_path: Path) -> None:
     """`cluster.py up` detaches a cluster with a Ready node whose pods get cluster DNS and reach
-    the API as their ServiceAccount; `down` leaves no process, mount, bridge or iptables chain."""
+    the API as their ServiceAccount, even where a killed node left its marker and containerd's
+    socket file; `down` leaves no process, mount, bridge or iptables chain."""
     directory = tmp_path / "cli-cluster"
+    crashed = _plant_a_killed_node(tmp_path / "killed-node")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -285,6 +289,20 @@ def test_cli_up_runs_a_real_node_and_down_leaves_nothing(tmp_path: Path) -> None
     assert _host_traces(directory) == {"processes": [], "mounts": [], "links": [], "chains": [], "folders": []}
     assert not list(directory.glob("*.pid"))
     assert cli("env").returncode != 0
+    assert not crashed.run_dir.exists()
+
+
+def _plant_a_killed_node(directory: Path) -> Node:
+    """What a node killed with its machine leaves: the host marker naming its folder, and
+    containerd's socket file with nobody serving it. Where a killed run left them for real, those."""
+    if MARKER.exists():
+        return Node(Path(json.loads(MARKER.read_text())["directory"]), "")
+    crashed = Node(directory, "")
+    crashed.run_dir.mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
+        stale.bind(str(crashed.socket))
+    MARKER.write_text(json.dumps({"directory": str(directory), "sysctls": {}}))
+    return crashed
 
 
 def test_cli_up_without_nodes_serves_the_control_plane_alone(tmp_path: Path) -> None:
