@@ -31,6 +31,16 @@ def _lease_seconds(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a port between 1 and 65535, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multiworld", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
@@ -93,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     op = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
     op.add_argument("--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    op.add_argument(
+        "--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics"
+    )
     op.add_argument(
         "--webhook-port", type=int, metavar="PORT", help="serve the validating admission webhook on PORT (HTTPS)"
     )
@@ -166,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             lease = LeaseConfig.from_env(args.lease_namespace, args.lease_name, args.lease_duration)
         except ValueError as error:
             parser.error(str(error))
-    return run_operator(namespaces=args.namespace, liveness=args.liveness, webhook=webhook, lease=lease)
+    return run_operator(
+        namespaces=args.namespace, liveness=args.liveness, webhook=webhook, lease=lease, metrics_port=args.metrics_port
+    )
 
 
 if __name__ == "__main__":

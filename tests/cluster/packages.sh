@@ -16,11 +16,13 @@ NODE=(containerd runc containernetworking-plugins iptables conntrack dnsmasq-bas
 CONTROL_PLANE=(etcd-server)
 # What images.py builds our images with: a Debian base, a Docker engine, compressed caches.
 IMAGES=(debootstrap docker.io zstd)
+# What tests/ scrape the operator and workers with, and check the dashboard's queries against.
+MONITORING=(prometheus)
 # What build.sh compiles the kubernetes binaries with (Debian's packaged reflect2 and
 # json-iterator replace the source's vendored copies).
 KUBE_BUILD=(golang-1.19-go rsync jq make dpkg-dev openssl gcc libc6-dev
   golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev)
-PACKAGES=("${NODE[@]}" "${CONTROL_PLANE[@]}" "${IMAGES[@]}" "${KUBE_BUILD[@]}")
+PACKAGES=("${NODE[@]}" "${CONTROL_PLANE[@]}" "${IMAGES[@]}" "${MONITORING[@]}" "${KUBE_BUILD[@]}")
 
 if [ "${1:-}" = list ]; then
   printf '%s\n' "${PACKAGES[@]}"

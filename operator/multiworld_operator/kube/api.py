@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import Executor
 from typing import Any, TypeVar, cast
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -70,11 +71,24 @@ async def gather_bounded(calls: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
     return cast("list[T]", results)
 
 
+# Told of each failed call: the client method's name, and the HTTP status ("transport": no answer).
+ErrorCounter = Callable[[str, str], None]
+
+
+def _uncounted(method_name: str, code: str) -> None:
+    pass
+
+
 class KubeApi:
-    """The calls, each with `timeout`, in `executor`'s threads (None: the event loop's default)."""
+    """The calls, each with `timeout`, in `executor`'s threads (None: the event loop's default);
+    each failed call is told to `on_error`."""
 
     def __init__(
-        self, api: client.ApiClient, timeout: float = REQUEST_TIMEOUT_S, executor: Executor | None = None
+        self,
+        api: client.ApiClient,
+        timeout: float = REQUEST_TIMEOUT_S,
+        executor: Executor | None = None,
+        on_error: ErrorCounter = _uncounted,
     ) -> None:
         api.user_agent = COMPONENT  # names the operator in managedFields and audit logs
         self.core = client.CoreV1Api(api)
@@ -84,10 +98,18 @@ class KubeApi:
         self.coordination = client.CoordinationV1Api(api)
         self.timeout = timeout
         self.executor = executor
+        self.on_error = on_error
 
     async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         call = functools.partial(method, *args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
-        response = await asyncio.get_running_loop().run_in_executor(self.executor, call)
+        try:
+            response = await asyncio.get_running_loop().run_in_executor(self.executor, call)
+        except ApiException as error:
+            self.on_error(method.__name__, str(error.status))
+            raise
+        except (urllib3.exceptions.HTTPError, OSError):
+            self.on_error(method.__name__, "transport")
+            raise
         return json.loads(response.data) if response.data else None
 
     async def review_token(self, token: str, audience: str) -> dict[str, Any]:

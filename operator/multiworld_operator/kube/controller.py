@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 from kubernetes.client.rest import ApiException
@@ -31,6 +31,7 @@ from ..channel_server import ChannelServer, Speaker
 from .api import KubeApi
 from .channel_settings import ChannelSettings
 from .errors import CreateRefused, MultiWorldGone, StepFailed
+from .metrics import OperatorMetrics
 from .reconcile import RECONNECT_GRACE_S, Reconciler
 from .worker_identity import PodIdentities
 
@@ -50,10 +51,12 @@ def _always() -> bool:
 
 
 class ReconcileLoop:
-    """Steps of one Reconciler, each only when `may_act()` (the Lease held and renewed in time)."""
+    """Steps of one Reconciler, each only when `may_act()` (the Lease held and renewed in time),
+    each timed in `metrics`."""
 
-    def __init__(self, reconciler: Reconciler, may_act: Callable[[], bool] = _always) -> None:
+    def __init__(self, reconciler: Reconciler, metrics: OperatorMetrics, may_act: Callable[[], bool] = _always) -> None:
         self.reconciler = reconciler
+        self.metrics = metrics
         self.may_act = may_act
         self.wake = asyncio.Event()
         self.backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
@@ -78,7 +81,8 @@ class ReconcileLoop:
                 wait = MAY_ACT_POLL_S
                 continue
             try:
-                wait = await self.reconciler.step()
+                with self.metrics.step_duration.time():
+                    wait = await self.reconciler.step()
                 self.backoff.reset()
                 self.reconciler.failing_with = None
             except MultiWorldGone:
@@ -116,10 +120,12 @@ class Controller:
     reconcile loop while leading, and the worker channel their pods reach it by (tables out,
     statuses and reports in: a message wakes its MultiWorld's loop when it is news; a replica
     that does not lead runs no loop, so it refuses every worker, who retries: the channel's
-    Service sends workers to the leader)."""
+    Service sends workers to the leader). `metrics` reads every MultiWorld's status from it."""
 
-    def __init__(self, api: KubeApi, leading: bool = True) -> None:
+    def __init__(self, api: KubeApi, metrics: OperatorMetrics, leading: bool = True) -> None:
         self.api = api
+        self.metrics = metrics
+        metrics.read_statuses_from(self)
         self.leading = leading
         self.may_act: Callable[[], bool] = _always
         self.bodies: dict[Key, Mapping[str, Any]] = {}
@@ -138,6 +144,16 @@ class Controller:
         self.channel_url = settings.url_for(listened)
         log.info("worker channel listening on :%d; pods connect to %s", listened, self.channel_url)
         return listened
+
+    def statuses(self) -> Iterator[tuple[Key, Mapping[str, Any] | None]]:
+        """Every MultiWorld's status as last written (by this replica's loop) or watched."""
+        for key, body in list(self.bodies.items()):
+            loop = self.loops.get(key)
+            yield key, loop.reconciler.status.view if loop is not None else body.get("status")
+
+    def waiting(self) -> int:
+        """MultiWorlds whose loop was woken and has not started its step yet."""
+        return sum(loop.wake.is_set() for loop in list(self.loops.values()))
 
     def _locate(self, namespace: str, pod: str, uid: str) -> Key | None:
         """The MultiWorld whose pod that instance is."""
@@ -166,6 +182,7 @@ class Controller:
             if loop is not None and loop.reconciler.uid == body["metadata"]["uid"]:
                 del self.loops[key]
                 self.channel.forget(key)
+                self.metrics.forget(key)
                 await loop.stop()
             return
         self.bodies[key] = body
@@ -178,8 +195,8 @@ class Controller:
             loop.poke()
 
     def _loop(self, body: Mapping[str, Any]) -> ReconcileLoop:
-        reconciler = Reconciler(self.api, body, self.channel, self.channel_url, self.reconnect_until)
-        return ReconcileLoop(reconciler, self.may_act)
+        reconciler = Reconciler(self.api, body, self.channel, self.metrics, self.channel_url, self.reconnect_until)
+        return ReconcileLoop(reconciler, self.metrics, self.may_act)
 
     async def lead(self, may_act: Callable[[], bool]) -> None:
         """Leadership taken: a loop for every MultiWorld seen, each stepping only while `may_act()`."""

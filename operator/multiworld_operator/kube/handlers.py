@@ -11,6 +11,7 @@ annotations (deleting a MultiWorld never waits for the operator).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
@@ -25,6 +26,9 @@ from .bodies import NAME_LABEL
 from .channel_settings import ChannelSettings
 from .controller import Controller
 from .leadership import Leadership
+from .metrics import OperatorMetrics
+
+log = logging.getLogger(__name__)
 
 # Watches end server-side after this long and are re-established; the client gives up a bit
 # later on a connection that went silent.
@@ -65,11 +69,15 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # Threads for the blocking client: a reconcile step keeps up to CONCURRENCY requests in flight.
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2 * CONCURRENCY, "kube-api"))
     lease = memo.get("lease")
-    memo.controller = Controller(KubeApi(api_client()), leading=lease is None)
+    metrics = OperatorMetrics()
+    memo.controller = Controller(KubeApi(api_client(), on_error=metrics.api_error), metrics, leading=lease is None)
     await memo.controller.start(channel)
+    if memo.get("metrics_port") is not None:
+        port = metrics.serve(memo.metrics_port)
+        log.info("metrics at http://0.0.0.0:%d/metrics", port)
     if lease is not None:
         # Its own threads: a renew must not queue behind the requests of large steps.
-        api = KubeApi(api_client(), lease.request_timeout_s, ThreadPoolExecutor(2, "lease"))
+        api = KubeApi(api_client(), lease.request_timeout_s, ThreadPoolExecutor(2, "lease"), metrics.api_error)
         memo.leadership = Leadership(api, lease, memo.controller, on_lost=memo.lease_lost.set)
         memo.leadership.start()
 

@@ -14,10 +14,15 @@ from .leadership import LeaseConfig
 
 
 def run_operator(
-    namespaces: list[str], liveness: str | None = None, webhook: Webhook | None = None, lease: LeaseConfig | None = None
+    namespaces: list[str],
+    liveness: str | None = None,
+    webhook: Webhook | None = None,
+    lease: LeaseConfig | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Serve MultiWorlds in `namespaces` (every namespace when empty) until SIGINT/SIGTERM;
-    `liveness` (e.g. http://0.0.0.0:8080/healthz) serves kopf's health endpoint; `webhook`, the
+    `liveness` (e.g. http://0.0.0.0:8080/healthz) serves kopf's health endpoint; `metrics_port`,
+    Prometheus metrics at /metrics (metrics.py); `webhook`, the
     validating admission webhook. With `lease`, act only while holding it; a lost Lease stops the
     operator with status 1, so that its pod restarts as a standby."""
     # Our handlers only wake reconcile loops; kopf's line per handled event is noise at INFO, and
@@ -35,7 +40,7 @@ def run_operator(
         namespaces=namespaces,
         liveness_endpoint=liveness,
         settings=settings,
-        memo=kopf.Memo(lease=lease, lease_lost=lost),
+        memo=kopf.Memo(lease=lease, lease_lost=lost, metrics_port=metrics_port),
         stop_flag=lost,
     )
     return 1 if lost.is_set() else 0

@@ -49,6 +49,7 @@ from .configmap_writer import ConfigMapWriter
 from .errors import CreateRefused, StepFailed, failing_as, not_ours, step_failure
 from .events import MultiWorldEvents
 from .memory_store import PlannerMemoryStore
+from .metrics import OperatorMetrics
 from .networking import Networking
 from .observe import ObservedPods, SeenPod, observe_pods
 from .pod_cache import PodCache
@@ -88,10 +89,12 @@ class Reconciler:
         api: KubeApi,
         body: Mapping[str, Any],
         channel: ChannelServer,
+        metrics: OperatorMetrics,
         channel_url: str,
         reconnect_until: float = 0.0,
     ) -> None:
         self.api = api
+        self.metrics = metrics
         self.reconnect_until = reconnect_until
         self.channel = channel
         self.channel_url = channel_url
@@ -216,12 +219,14 @@ class Reconciler:
         # while, and every other MultiWorld's loop goes on meanwhile.
         pods = self.pods.pods()
         workers, reports = self.inbox.current(self._published or WorldTable(), {pod.uid for pod in pods})
-        planned = await asyncio.to_thread(self._plan_step, multiworld, self.memory.remembered, pods, workers, reports)
+        previous = self.memory.remembered
+        planned = await asyncio.to_thread(self._plan_step, multiworld, previous, pods, workers, reports)
         result, seen = planned.result, planned.seen
         with failing_as(f"storing the operator's memory (ConfigMap {self.name})"):
             refused = await self.memory.remember(body, result.status)
         if refused:
             await self._refused([refused])  # nothing goes out before the memory
+        self.metrics.step_taken(self.key, previous, result.status)
         with failing_as("deleting pods"):
             await gather_bounded(self._delete_pod(pod, uid) for pod, uid in planned.deletes.items())
         self.channel.publish(result.table, self.key)

@@ -1,0 +1,146 @@
+"""The operator's metrics without an API server: what a step's two statuses count (a failure, a
+recovery, each once), what a scrape of the real HTTP endpoint shows of a status, and that a
+deleted MultiWorld or a removed world leaves no series. On the real node, a real Prometheus
+scrapes the operator's pod (test_node_journeys.py)."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from multiworld_operator.kube.metrics import Key, OperatorMetrics, api_verb, transitions
+from multiworld_operator.planner import MultiWorldStatus
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+KEY = ("apps", "mw")
+
+
+def status(**worlds: dict[str, Any]) -> MultiWorldStatus:
+    """A planner memory with these worlds (WorldStatus fields, camelCase)."""
+    loaded = MultiWorldStatus.from_dict({"worlds": {name: {"size": 2, **fields} for name, fields in worlds.items()}})
+    assert loaded is not None
+    return loaded
+
+
+def failure(epoch: int, reason: str = "PodFailed", at: datetime = T0) -> dict[str, Any]:
+    return {"time": at.isoformat(), "reason": reason, "pod": "mw-a-0", "rank": 1, "epoch": epoch}
+
+
+def test_a_failure_counts_when_seen_and_its_recovery_when_the_new_epoch_forms() -> None:
+    formed = status(w={"phase": "Running", "epoch": 1, "formedAt": T0.isoformat()})
+    failed = status(w={"phase": "Recovering", "epoch": 2, "restarts": 1, "lastFailure": failure(1)})
+    back = status(
+        w={"phase": "Running", "epoch": 2, "restarts": 1, "lastFailure": failure(1),
+           "formedAt": (T0 + timedelta(seconds=2.5)).isoformat()},
+    )  # fmt: skip
+    assert transitions(formed, failed).failures == [("w", "PodFailed")]
+    assert transitions(formed, failed).recoveries == []
+    assert transitions(failed, back).failures == []
+    assert transitions(failed, back).recoveries == [("w", 2.5)]
+    assert transitions(back, back) == transitions(formed, formed)
+    assert transitions(back, back).failures == [] and transitions(back, back).recoveries == []
+
+
+def test_an_epoch_a_spec_edit_opened_is_no_recovery() -> None:
+    """The last failure ended epoch 1; epoch 3 was opened by an edit: its forming is not a recovery."""
+    before = status(w={"phase": "Pending", "epoch": 3, "restarts": 1, "lastFailure": failure(1)})
+    after = status(
+        w={"phase": "Running", "epoch": 3, "restarts": 1, "lastFailure": failure(1), "formedAt": T0.isoformat()}
+    )
+    assert transitions(before, after).recoveries == []
+
+
+def test_a_worker_clock_behind_the_operators_counts_no_negative_recovery() -> None:
+    before = status(w={"phase": "Recovering", "epoch": 2, "lastFailure": failure(1)})
+    after = status(
+        w={"phase": "Running", "epoch": 2, "lastFailure": failure(1),
+           "formedAt": (T0 - timedelta(seconds=1)).isoformat()},
+    )  # fmt: skip
+    assert transitions(before, after).recoveries == [("w", 0.0)]
+
+
+def test_api_verbs_are_kubernetes_verbs() -> None:
+    methods = ["create_namespaced_pod", "read_namespaced_lease", "replace_namespaced_config_map",
+               "patch_namespaced_custom_object_status", "delete_namespaced_pod", "list_namespaced_pod"]  # fmt: skip
+    assert [api_verb(m) for m in methods] == ["create", "get", "update", "patch", "delete", "list"]
+
+
+class Statuses:
+    """The StatusSource the metrics read (the Controller in the operator)."""
+
+    def __init__(self, shown: dict[Key, Mapping[str, Any] | None], leading: bool = True) -> None:
+        self.shown = shown
+        self.leading = leading
+
+    def statuses(self) -> Iterable[tuple[Key, Mapping[str, Any] | None]]:
+        return self.shown.items()
+
+    def waiting(self) -> int:
+        return 1
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The endpoint's samples, by name and labels (sorted by label name)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.partition("{")
+            ordered = ",".join(sorted(labels.rstrip("}").split(","))) if labels else ""
+            samples[f"{name}{{{ordered}}}" if ordered else name] = float(value)
+    return samples
+
+
+def series(name: str, **labels: str) -> str:
+    """A sample's name as scrape() keys it."""
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def test_the_endpoint_shows_each_world_as_its_status_does_and_forgets_what_is_gone() -> None:
+    metrics = OperatorMetrics()
+    before = status(w={"phase": "Running", "epoch": 1}, v={"phase": "Running", "epoch": 1})
+    failed = status(
+        w={"phase": "Recovering", "epoch": 2, "restarts": 1, "readyRanks": 1, "lastFailure": failure(1)},
+        v={"phase": "Running", "epoch": 1, "readyRanks": 2},
+    )
+    back = status(
+        w={"phase": "Running", "epoch": 2, "restarts": 1, "readyRanks": 2, "lastFailure": failure(1),
+           "formedAt": (T0 + timedelta(seconds=3)).isoformat()},
+        v={"phase": "Running", "epoch": 1, "readyRanks": 2},
+    )  # fmt: skip
+    shown: dict[Key, Mapping[str, Any] | None] = {KEY: {**back.view(), "spares": {"a": "1/2"}}, ("apps", "new"): None}
+    metrics.read_statuses_from(Statuses(shown))
+    metrics.step_taken(KEY, before, failed)
+    metrics.step_taken(KEY, failed, back)
+    metrics.api_error("create_namespaced_pod", "409")
+    port = metrics.serve(0)
+
+    samples = scrape(port)
+
+    def of_w(name: str, **labels: str) -> float:
+        return samples[series(name, namespace="apps", multiworld="mw", world="w", **labels)]
+
+    assert of_w("multiworld_world_restarts_total") == 1
+    assert of_w("multiworld_world_failures_total", reason="PodFailed") == 1
+    assert of_w("multiworld_world_recovery_seconds_count") == 1
+    assert of_w("multiworld_world_recovery_seconds_sum") == 3
+    assert of_w("multiworld_world_phase", phase="Running") == 1
+    assert of_w("multiworld_world_phase", phase="Recovering") == 0
+    assert of_w("multiworld_world_epoch") == 2
+    assert of_w("multiworld_world_ranks_ready") == 2
+    assert samples[series("multiworld_spares_ready", namespace="apps", multiworld="mw", member="a")] == 1
+    assert samples[series("multiworld_spares_wanted", namespace="apps", multiworld="mw", member="a")] == 2
+    assert samples[series("multiworld_operator_api_errors_total", verb="create", code="409")] == 1
+    assert samples["multiworld_operator_leader"] == 1 and samples["multiworld_operator_multiworlds_waiting"] == 1
+    assert not [line for line in samples if 'multiworld="new"' in line]  # no status yet
+
+    # World w removed from the spec: its counted series go; then the MultiWorld is deleted.
+    metrics.step_taken(KEY, back, status(v={"phase": "Running", "epoch": 1}))
+    assert not [series for series in scrape(port) if 'world="w"' in series and "failures" in series]
+    metrics.forget(KEY)
+    del shown[KEY]
+    assert not [series for series in scrape(port) if 'multiworld="mw"' in series]
