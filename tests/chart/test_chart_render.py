@@ -177,7 +177,8 @@ def test_image_and_health_port_come_from_values(chart: helm.Chart, render: Calla
     assert main["image"] == "registry.example/mw-op:1.2.3"
     assert main["imagePullPolicy"] == "Always"
     assert main["args"][:2] == ["--liveness", "http://0.0.0.0:9090/healthz"]
-    assert {p["name"]: p["containerPort"] for p in main["ports"]} == {"health": 9090, "channel": 7443, "webhook": 9443}
+    ports = {p["name"]: p["containerPort"] for p in main["ports"]}
+    assert ports == {"health": 9090, "channel": 7443, "webhook": 9443, "metrics": 8000}
     assert {"name": "MULTIWORLD_LOG_LEVEL", "value": "DEBUG"} in main["env"]
 
 
@@ -408,7 +409,8 @@ def test_webhook_values_reach_the_configuration_and_the_operator(render: Callabl
 def test_webhook_disabled_renders_no_webhook_objects_args_or_rights(render: Callable[..., Rendered]) -> None:
     rendered = render({"webhook": {**WEBHOOK_DEFAULTS, "enabled": False}})
     assert rendered.of_kind("ValidatingWebhookConfiguration") == []
-    assert [s["metadata"]["name"] for s in rendered.of_kind("Service")] == [FULLNAME]  # the worker channel's
+    # The worker channel's and the metrics' Services.
+    assert sorted(s["metadata"]["name"] for s in rendered.of_kind("Service")) == [FULLNAME, f"{FULLNAME}-metrics"]
     assert webhook_args(rendered) == {}
-    assert [p["name"] for p in container(rendered)["ports"]] == ["health", "channel"]
+    assert [p["name"] for p in container(rendered)["ports"]] == ["health", "channel", "metrics"]
     assert granted(rendered.one("ClusterRole", FULLNAME)) == OPERATOR_IN_NAMESPACE | KOPF_CLUSTER_READS

@@ -230,6 +230,11 @@ def operator_process(kube_cluster: Cluster, namespace: str, fullname: str, log_p
             process.wait()
 
 
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
 def healthy(port: int) -> bool | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
@@ -244,11 +249,12 @@ def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
 ) -> None:
     release = f"mw-{uuid.uuid4().hex[:6]}"
     fullname = f"{release}-multiworld-operator"
-    webhook_port = cluster_module.free_port()
+    webhook_port, metrics_port = cluster_module.free_port(), cluster_module.free_port()
     values: dict[str, Any] = {
         "healthPort": cluster_module.free_port(),
         "channelPort": cluster_module.free_port(),
         "webhook": {"port": webhook_port},
+        "metrics": {"port": metrics_port},
     }
     if mode == "namespaced":
         values["watchNamespaces"] = [namespace]
@@ -293,6 +299,10 @@ def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
                 assert cluster_module.wait_for(
                     "the liveness endpoint", lambda: healthy(health_port), OPERATOR_TIMEOUT_S
                 )
+                # Its metrics, on the port the chart gave it: the leader, and the MultiWorld's worlds.
+                metrics = scrape(metrics_port)
+                assert "multiworld_operator_leader 1.0" in metrics.splitlines(), metrics
+                assert f'multiworld="{name}"' in metrics and "multiworld_world_epoch{" in metrics, metrics
                 # It acted as the leader, on the Lease the chart lets it hold.
                 assert lease_holder(api, namespace, fullname)
         finally:

@@ -6,6 +6,7 @@ Every check reads what a user would: kubectl, pod logs, pod uids, the MultiWorld
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness.dashboard import queries, substituted
+from harness.prometheus import Prometheus
 from kubernetes import client
 from multiworld_test_cluster import Cluster, ClusterError
 from node_support import (
@@ -36,6 +39,8 @@ EXCLUSIVE = {"world1": ("w1-0", "w1-1"), "world2": ("w2-0", "w2-1")}
 # The chart's liveness probe: initialDelaySeconds + failureThreshold x periodSeconds, and a tick.
 LIVENESS_PROVEN_S = 10 + 3 * 20 + 5
 BENCH_RUN_S = 600
+# The chart's default metrics.port.
+OPERATOR_METRICS_PORT = 8000
 
 
 @pytest.fixture(scope="module")
@@ -195,14 +200,36 @@ def _assert_world2_untouched(cluster: Cluster, operator: Operator, kube: KubeNam
         assert "world2 broke" not in log, f"{member}:\n{log}"
 
 
+def _single_value_is(expected: float, result: list[dict[str, Any]]) -> bool:
+    return float(result[0]["value"][1]) == expected
+
+
+def _assert_scraped(prometheus: Prometheus, operator: Operator, name: str, restarts: dict[str, int]) -> None:
+    """Prometheus shows each world's restarts as its status does, one recovery sample per
+    restart, and runs every query of the chart's dashboard (world panels with data)."""
+    for world, count in restarts.items():
+        labels = f'namespace="{operator.apps}",multiworld="{name}",world="{world}"'
+        for metric, expected in (("multiworld_world_restarts_total", count),
+                                 ("multiworld_world_recovery_seconds_count", count)):  # fmt: skip
+            query = f"sum({metric}{{{labels}}}) or vector(0)"
+            prometheus.wait_for(query, functools.partial(_single_value_is, expected), WAIT_S)
+    answers = {where: prometheus.query(substituted(expr)) for where, expr in queries()}
+    assert [where for where, answer in answers.items() if where.startswith("World phase") and not answer] == []
+
+
 def test_killed_worker_costs_only_its_world(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str, tmp_path: Path
 ) -> None:
     """Only the dead pod is replaced (the default, `replace: Pod`): w1-0 joins world1's epoch 2
-    in its own pod. Then world1's failure policy says `replace: World`: deleting w1-0 restarts
-    both of world1's exclusive pods."""
+    in its own pod; a real Prometheus scraping the operator's pod counts world1's restart and its
+    recovery, and answers every query of the chart's dashboard. Then world1's failure policy says
+    `replace: World`: deleting w1-0 restarts both of world1's exclusive pods."""
     name = all_gather
-    _kill_and_check(kube_node, operator, kube, name, "w1-1", "SIGKILL", epoch=2, replaced=("w1-1",))
+    pod = _ready_operator_pod(kube_node, operator)
+    assert pod is not None
+    with Prometheus([f"{pod.status.pod_ip}:{OPERATOR_METRICS_PORT}"]) as prometheus:
+        _kill_and_check(kube_node, operator, kube, name, "w1-1", "SIGKILL", epoch=2, replaced=("w1-1",))
+        _assert_scraped(prometheus, operator, name, {"world1": 1, "world2": 0})
     _wait_log(kube_node, operator, f"{name}-w1-0", "world1 rejoined at epoch 2")
     manifest = json.loads(kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "-o", "json"))
     worlds = [

@@ -93,3 +93,8 @@ their NetworkPolicies (spec.networkPolicy), and post Events. Used by the Cluster
 {{- define "multiworld-operator.webhookHost" -}}
 {{- printf "%s.%s.svc" (include "multiworld-operator.webhookService" .) .Release.Namespace }}
 {{- end }}
+
+{{/* The metrics Service (a DNS label: the full name leaves room for the suffix). */}}
+{{- define "multiworld-operator.metricsService" -}}
+{{- printf "%s-metrics" (include "multiworld-operator.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}

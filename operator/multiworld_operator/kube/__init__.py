@@ -25,6 +25,8 @@ status subresource, Events).
 - `worker_inbox`: what one MultiWorld's workers said: their status, and the reports that count (pure).
 - `status_writer`: the status subresource: the planner's view, a refusal, a failed step.
 - `events`: the Events on a MultiWorld, best effort, a recurring refusal posted once.
+- `metrics`: the Prometheus metrics (`--metrics-port`): the statuses read at scrape time, and
+  what steps count (failures, recoveries, step durations, API errors).
 - `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store.
 - `controller`: one reconcile loop per MultiWorld, woken by watch events, while this replica leads.
 - `leadership`: leader election on a Lease: which replica acts, and the leader label on its pod.

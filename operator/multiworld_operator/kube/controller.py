@@ -125,7 +125,6 @@ class Controller:
     def __init__(self, api: KubeApi, metrics: OperatorMetrics, leading: bool = True) -> None:
         self.api = api
         self.metrics = metrics
-        metrics.read_statuses_from(self)
         self.leading = leading
         self.may_act: Callable[[], bool] = _always
         self.bodies: dict[Key, Mapping[str, Any]] = {}
@@ -136,6 +135,7 @@ class Controller:
         self.channel_url = ""
         # Until then, workers may still be reconnecting to this replica (reconcile.py).
         self.reconnect_until = 0.0
+        metrics.read_statuses_from(self)
 
     async def start(self, settings: ChannelSettings) -> int:
         """Serve the worker channel on every address, as `settings` say; the port listened on."""

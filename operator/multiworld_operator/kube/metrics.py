@@ -81,7 +81,7 @@ class OperatorMetrics:
     process)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = CollectorRegistry()
         self.step_duration = Histogram(
             "multiworld_operator_step_duration_seconds",
             "Duration of one reconcile step of one MultiWorld (observe, plan, execute, store), failed ones too.",

@@ -1,0 +1,334 @@
+"""The chart's Prometheus side: the operator serves metrics on a port its Deployment declares, a
+Service reaches every replica (the standby too), a ServiceMonitor and a Grafana dashboard come
+on request, and every query of the dashboard runs on a real Prometheus scraping two replicas."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import helm_python as helm
+import pytest
+from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, Manifest, Rendered
+from harness.dashboard import dashboard, panels, queries, substituted, variables
+from harness.prometheus import Prometheus, PrometheusError
+
+METRICS_SERVICE = f"{FULLNAME}-metrics"
+LEADER_LABEL = "multiworld.io/operator-leader"
+GRAFANA_SIDECAR = {"grafana_dashboard": "1"}
+ENABLED = {
+    "metrics": {
+        "port": 9100,
+        "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"}},
+        "dashboard": {"enabled": True, "labels": {"grafana_dashboard": "multiworld"}},
+    }
+}
+
+# The metric names the operator and the workers export (a histogram as its three series): a
+# query of the dashboard naming any other one would stay empty forever.
+HISTOGRAMS = {
+    "multiworld_world_recovery_seconds",
+    "multiworld_operator_step_duration_seconds",
+    "multiworld_worker_op_duration_seconds",
+}
+METRICS = {
+    "multiworld_world_phase",
+    "multiworld_world_epoch",
+    "multiworld_world_ranks",
+    "multiworld_world_ranks_ready",
+    "multiworld_world_restarts_total",
+    "multiworld_world_failures_total",
+    "multiworld_phase",
+    "multiworld_spares_ready",
+    "multiworld_spares_wanted",
+    "multiworld_rollout_pods_updated",
+    "multiworld_rollout_pods",
+    "multiworld_operator_api_errors_total",
+    "multiworld_operator_multiworlds_waiting",
+    "multiworld_operator_leader",
+    "multiworld_worker_ops_total",
+    "multiworld_worker_breaks_total",
+    "multiworld_worker_joins_total",
+    "multiworld_worker_heartbeat_misses_total",
+} | {f"{name}_{suffix}" for name in HISTOGRAMS for suffix in ("bucket", "sum", "count")}
+
+
+def container(rendered: Rendered) -> Manifest:
+    deployment = rendered.one("Deployment", FULLNAME, RELEASE_NAMESPACE)
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def dashboard_queries() -> list[Any]:
+    return [pytest.param(expr, id=where) for where, expr in queries()]
+
+
+def metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\bmultiworld_\w+", expr))
+
+
+# What two replicas of the operator export, as the metric names above with their labels: the
+# leader, and a standby showing the statuses from its watch, a step behind (and the workers'
+# metrics, scraped alongside). The dashboard must show one view of each world: the leader's.
+WORLD = 'namespace="team-a",multiworld="trainer",world="w1"'
+MULTIWORLD = 'namespace="team-a",multiworld="trainer"'
+MEMBER = f'{MULTIWORLD},member="m"'
+WORKER_OP = 'world="w1",op="all_reduce"'
+
+
+def histogram(name: str, labels: str = "") -> list[str]:
+    bucket_labels = f"{labels}," if labels else ""
+    buckets = [f'{name}_bucket{{{bucket_labels}le="{le}"}} {n}' for le, n in (("0.5", 1), ("5", 3), ("+Inf", 4))]
+    return [*buckets, f"{name}_sum{{{labels}}} 7.5", f"{name}_count{{{labels}}} 4"]
+
+
+LEADER_EXPORTS = [
+    "multiworld_operator_leader 1",
+    "multiworld_operator_multiworlds_waiting 0",
+    'multiworld_operator_api_errors_total{verb="patch",code="409"} 1',
+    *histogram("multiworld_operator_step_duration_seconds"),
+    f'multiworld_world_phase{{{WORLD},phase="Running"}} 1',
+    f'multiworld_world_phase{{{WORLD},phase="Recovering"}} 0',
+    f"multiworld_world_epoch{{{WORLD}}} 2",
+    f"multiworld_world_ranks{{{WORLD}}} 2",
+    f"multiworld_world_ranks_ready{{{WORLD}}} 2",
+    f"multiworld_world_restarts_total{{{WORLD}}} 1",
+    f'multiworld_world_failures_total{{{WORLD},reason="RankLost"}} 1',
+    *histogram("multiworld_world_recovery_seconds", WORLD),
+    f'multiworld_phase{{{MULTIWORLD},phase="Running"}} 1',
+    f"multiworld_spares_ready{{{MEMBER}}} 1",
+    f"multiworld_spares_wanted{{{MEMBER}}} 1",
+    f"multiworld_rollout_pods_updated{{{MEMBER}}} 2",
+    f"multiworld_rollout_pods{{{MEMBER}}} 2",
+    f"multiworld_worker_ops_total{{{WORKER_OP}}} 4",
+    *histogram("multiworld_worker_op_duration_seconds", WORKER_OP),
+    'multiworld_worker_breaks_total{world="w1"} 1',
+    'multiworld_worker_joins_total{world="w1"} 2',
+    'multiworld_worker_heartbeat_misses_total{world="w1"} 0',
+]
+STANDBY_EXPORTS = [
+    "multiworld_operator_leader 0",
+    f'multiworld_world_phase{{{WORLD},phase="Pending"}} 1',
+    f'multiworld_phase{{{MULTIWORLD},phase="Pending"}} 1',
+    f"multiworld_world_restarts_total{{{WORLD}}} 0",
+]
+
+
+@contextmanager
+def exporter(lines: list[str]) -> Iterator[str]:
+    """Serves `lines` at http://127.0.0.1:<port>/metrics in Prometheus's text format; yields host:port."""
+    body = ("\n".join(lines) + "\n").encode()
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:  # the scrapes every second are no news
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def prometheus() -> Iterator[Prometheus]:
+    with (
+        exporter(LEADER_EXPORTS) as leader,
+        exporter(STANDBY_EXPORTS) as standby,
+        Prometheus([leader, standby]) as started,
+    ):
+        # Two scrapes of each replica: what a rate() needs.
+        started.wait_for(
+            "count_over_time(multiworld_operator_leader[1h])",
+            lambda result: len(result) == 2 and all(float(r["value"][1]) >= 2 for r in result),
+        )
+        yield started
+
+
+# -- the operator's metrics endpoint and Service --------------------------------------------------
+
+
+def test_defaults_serve_metrics_through_a_service_with_no_monitor_or_dashboard(
+    chart: helm.Chart, render: Callable[..., Rendered]
+) -> None:
+    assert chart.values["metrics"] == {
+        "port": 8000,
+        "serviceMonitor": {"enabled": False, "interval": "30s", "labels": {}},
+        "dashboard": {"enabled": False, "labels": GRAFANA_SIDECAR},
+    }
+    rendered = render()
+    main = container(rendered)
+    assert main["args"][main["args"].index("--metrics-port") + 1] == "8000"
+    # The health port stays the first (tests/kube reads it there).
+    assert main["ports"][0]["name"] == "health"
+    assert {"name": "metrics", "containerPort": 8000, "protocol": "TCP"} in main["ports"]
+    service = rendered.one("Service", METRICS_SERVICE, RELEASE_NAMESPACE)
+    assert service["spec"]["ports"] == [{"name": "metrics", "protocol": "TCP", "port": 8000, "targetPort": "metrics"}]
+    assert rendered.of_kind("ServiceMonitor") == []
+    assert rendered.of_kind("ConfigMap") == []
+    assert f"through the Service\n{METRICS_SERVICE}" in rendered.notes
+
+
+def test_the_metrics_service_selects_every_replica_not_only_the_leader(render: Callable[..., Rendered]) -> None:
+    rendered = render()
+    deployment = rendered.one("Deployment", FULLNAME, RELEASE_NAMESPACE)
+    assert deployment["spec"]["replicas"] == 2
+    selector = rendered.one("Service", METRICS_SERVICE, RELEASE_NAMESPACE)["spec"]["selector"]
+    standby = deployment["spec"]["template"]["metadata"]["labels"]
+    leader = {**standby, LEADER_LABEL: "true"}
+    for pod in (standby, leader):
+        assert selector.items() <= pod.items()
+    # The worker channel's Service, by contrast, reaches the leader only.
+    channel = rendered.one("Service", FULLNAME, RELEASE_NAMESPACE)["spec"]["selector"]
+    assert not channel.items() <= standby.items()
+
+
+def test_the_metrics_port_comes_from_values(render: Callable[..., Rendered]) -> None:
+    rendered = render(ENABLED)
+    main = container(rendered)
+    assert main["args"][main["args"].index("--metrics-port") + 1] == "9100"
+    assert {p["name"]: p["containerPort"] for p in main["ports"]}["metrics"] == 9100
+    (port,) = rendered.one("Service", METRICS_SERVICE, RELEASE_NAMESPACE)["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (9100, "metrics")
+
+
+# -- the ServiceMonitor and the dashboard's ConfigMap -----------------------------------------------
+
+
+def test_the_service_monitor_scrapes_the_metrics_service_only(render: Callable[..., Rendered]) -> None:
+    rendered = render(ENABLED)
+    monitor = rendered.one("ServiceMonitor", FULLNAME, RELEASE_NAMESPACE)
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    spec = monitor["spec"]
+    # honorLabels: the metrics' own `namespace` (the MultiWorld's) is not renamed exported_namespace.
+    assert spec["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s", "honorLabels": True}]
+    wanted = spec["selector"]["matchLabels"]
+    selected = [
+        s["metadata"]["name"] for s in rendered.of_kind("Service") if wanted.items() <= s["metadata"]["labels"].items()
+    ]
+    assert selected == [METRICS_SERVICE]
+
+
+def test_the_dashboard_config_map_carries_the_dashboard_and_the_sidecar_labels(
+    render: Callable[..., Rendered],
+) -> None:
+    rendered = render(ENABLED)
+    config_map = rendered.one("ConfigMap", f"{FULLNAME}-dashboard", RELEASE_NAMESPACE)
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "multiworld"
+    assert json.loads(config_map["data"]["multiworld.json"]) == dashboard()
+    default_labels = {"metrics": {**ENABLED["metrics"], "dashboard": {"enabled": True, "labels": GRAFANA_SIDECAR}}}
+    labels = render(default_labels).one("ConfigMap", f"{FULLNAME}-dashboard", RELEASE_NAMESPACE)["metadata"]["labels"]
+    assert labels.items() >= GRAFANA_SIDECAR.items()
+
+
+def test_lint_is_clean_with_the_monitor_and_the_dashboard() -> None:
+    report = helm.lint(CHART_DIR, ENABLED, strict=True, namespace=RELEASE_NAMESPACE)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize(
+    ("metrics", "named"),
+    [
+        ({**ENABLED["metrics"], "prot": 8000}, "prot"),
+        ({**ENABLED["metrics"], "port": 0}, "/metrics/port"),
+        ({**ENABLED["metrics"], "serviceMonitor": {"enabled": True, "interval": "soon", "labels": {}}}, "interval"),
+        (
+            {**ENABLED["metrics"], "dashboard": {"enabled": True, "labels": {"grafana_dashboard": 1}}},
+            "grafana_dashboard",
+        ),
+    ],
+    ids=["unknown-key", "bad-port", "bad-interval", "label-not-a-string"],
+)
+def test_schema_refuses_bad_metrics_values(
+    chart: helm.Chart, render: Callable[..., Rendered], metrics: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(helm.HelmValuesError) as refused:
+        chart.validate_schema(chart.merge_values({"metrics": metrics}))
+    assert named in str(refused.value)
+    with pytest.raises(helm.HelmValuesError):
+        render({"metrics": metrics})
+
+
+# -- the dashboard --------------------------------------------------------------------------------
+
+
+def test_the_dashboard_is_valid_with_unique_panel_ids_and_titles() -> None:
+    assert dashboard()["uid"] and len(dashboard()["uid"]) <= 40
+    ids = [p["id"] for p in dashboard()["panels"]]
+    titles = [p["title"] for p in dashboard()["panels"]]
+    assert len(set(ids)) == len(ids)
+    assert all(titles) and len(set(titles)) == len(titles)
+    for panel in panels():
+        assert panel["targets"], panel["title"]
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert len(set(ref_ids)) == len(ref_ids), panel["title"]
+        assert {"h", "w", "x", "y"} <= panel["gridPos"].keys(), panel["title"]
+        assert panel["gridPos"]["x"] + panel["gridPos"]["w"] <= 24, panel["title"]
+    assert {"namespace", "multiworld"} <= variables().keys()
+
+
+def test_the_dashboard_shows_what_its_users_look_for() -> None:
+    shown = {name for panel in panels() for target in panel["targets"] for name in metric_names(target["expr"])}
+    assert shown >= {
+        "multiworld_world_phase",
+        "multiworld_world_restarts_total",
+        "multiworld_world_recovery_seconds_bucket",
+        "multiworld_world_ranks_ready",
+        "multiworld_world_ranks",
+        "multiworld_world_failures_total",
+        "multiworld_operator_api_errors_total",
+        "multiworld_operator_step_duration_seconds_bucket",
+        "multiworld_operator_leader",
+        "multiworld_worker_op_duration_seconds_bucket",
+    }
+    recovery = [t["expr"] for p in panels() for t in p["targets"] if "recovery_seconds" in t["expr"]]
+    quantiles = {q for expr in recovery for q in re.findall(r"histogram_quantile\((0\.\d+)", expr)}
+    assert quantiles >= {"0.5", "0.99"}
+
+
+@pytest.mark.parametrize("expr", dashboard_queries())
+def test_every_dashboard_query_runs_on_the_scraped_metrics(prometheus: Prometheus, expr: str) -> None:
+    assert metric_names(expr) <= METRICS, f"unknown metrics in {expr!r}"
+    query = substituted(expr)
+    assert "$" not in query and "[[" not in query
+    # Raises PrometheusError with Prometheus's words if refused; empty, the panel would show nothing.
+    assert prometheus.query(query), query
+
+
+def panel_query(title: str) -> str:
+    (panel,) = [p for p in panels() if p["title"] == title]
+    return substituted(panel["targets"][0]["expr"])
+
+
+def test_the_dashboard_shows_the_leaders_view_and_both_replicas(prometheus: Prometheus) -> None:
+    (world,) = prometheus.query(panel_query("World phase"))
+    assert world["metric"] == {"namespace": "team-a", "multiworld": "trainer", "world": "w1", "phase": "Running"}
+    (multiworld,) = prometheus.query(panel_query("MultiWorld phase"))
+    assert multiworld["metric"]["phase"] == "Running"
+    (restarts,) = prometheus.query(panel_query("Restarts over the range"))
+    assert restarts["metric"] == {"namespace": "team-a", "multiworld": "trainer", "world": "w1"}
+    leaders = prometheus.query(panel_query("Leader"))
+    assert sorted(r["value"][1] for r in leaders) == ["0", "1"]
+
+
+def test_the_harness_names_what_prometheus_refuses(prometheus: Prometheus) -> None:
+    with pytest.raises(PrometheusError, match="parse error"):
+        prometheus.query("rate(multiworld_phase[")
+    assert prometheus.query("1 + 1")[0]["value"][1] == "2"
