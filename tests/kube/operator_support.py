@@ -28,6 +28,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.config import kube_config
 from multiworld_test_cluster import Cluster
+from webhook_support import RefusingWebhook
 
 from multiworld.contract import NAME_LABEL
 from multiworld_operator.kube.api_basics import MERGE_PATCH
@@ -111,8 +112,8 @@ REFUSAL_MARKS = ("forbidden", " 403", "not enough permissions")
 # Not a refusal of the operator's rights: an earlier test's namespace is still being deleted.
 TERMINATING = "because it is being terminated"
 # Nor are the faults tests make on purpose: a full ResourceQuota (a 403), an immutable object (a
-# 422 whose causes read "Forbidden").
-INTENDED_FAULTS = ("exceeded quota", "field is immutable")
+# 422 whose causes read "Forbidden"), a write the tests' own admission webhook refuses (a 403).
+INTENDED_FAULTS = ("exceeded quota", "field is immutable", RefusingWebhook.MESSAGE)
 
 
 def refusals(log: str) -> list[str]:

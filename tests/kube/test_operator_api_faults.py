@@ -1,6 +1,7 @@
 """Real API faults a step meets, made loud and bounded (issue 21): the operator's memory refused
 (an immutable ConfigMap, a full ConfigMap quota), a ConfigMap written meanwhile by someone else
-(a 409), a batch of requests one of which the API server refuses for its size. No mock: each
+(a 409), a batch of requests one of which the API server refuses for its size, a pod delete an
+admission webhook refuses. No mock: each
 fault is the API server's own answer."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
 from operator_support import KubeNamespace, Scene, two_worlds, wait_for
+from webhook_support import RefusingWebhook
 
 from multiworld_operator.kube.api import CONCURRENCY, KubeApi, gather_bounded
 from multiworld_operator.kube.planner_memory import MEMORY_KEY
@@ -152,3 +154,38 @@ def test_a_failed_call_of_a_batch_leaves_none_of_the_rest_running(kube_cluster: 
         core = client.CoreV1Api(admin)
         written, later = asyncio.run(batch())
     assert later == written < calls - 1
+
+
+def test_a_pod_delete_refused_by_a_webhook_fails_the_step_loudly_until_it_passes(scene: Scene) -> None:
+    """A failed pod's delete is refused by an admission webhook (a policy engine, say): the step
+    fails, the MultiWorld says why in its Reconciled condition and in one Warning Event however
+    often the step is retried, and the other world goes on untouched. Once the webhook lets deletes
+    through, the retried step replaces the pod, the world recovers and the condition goes."""
+    kube = scene.kube
+    kube.create(two_worlds())
+    kube.wait_running(epochs={"wa": 1, "wb": 1})
+    before = kube.uids()
+    with RefusingWebhook(kube.api, kube.namespace, "DELETE", "pods") as webhook:
+        scene.kubelet.fail("mw-a-0")
+
+        def refused() -> dict[str, str] | None:
+            condition = _condition(kube.status(), "Reconciled")
+            return condition if condition is not None and RefusingWebhook.MESSAGE in condition["message"] else None
+
+        condition = wait_for("the refused delete in the status", refused)
+        assert condition["status"] == "False" and condition["reason"] == "ApiError", condition
+        assert "deleting pods" in condition["message"], condition
+        time.sleep(RETRIES_S)
+        assert webhook.refused >= 2  # retried
+        assert kube.uids()["mw-a-0"] == before["mw-a-0"]
+        warnings = [e for e in kube.events() if e.type == "Warning" and e.reason == "ApiError"]
+        assert len(warnings) == 1 and warnings[0].message == condition["message"], warnings
+        assert kube.status()["worlds"]["wb"]["epoch"] == 1
+        webhook.refusing = False
+        status = kube.wait_running(epochs={"wa": 2, "wb": 1})
+    assert kube.uids()["mw-a-0"] != before["mw-a-0"]
+    assert {pod: uid for pod, uid in kube.uids().items() if pod != "mw-a-0"} == {
+        pod: uid for pod, uid in before.items() if pod != "mw-a-0"
+    }
+    wait_for("the Reconciled condition gone", lambda: _condition(kube.status(), "Reconciled") is None)
+    assert status["worlds"]["wa"]["restarts"] == 1

@@ -32,6 +32,8 @@ ENV_NAME = "MULTIWORLD_NAME"
 ENV_NAMESPACE = "MULTIWORLD_NAMESPACE"
 # Set (to its member's name) in a warm spare: a process that waits for an identity.
 ENV_SPARE = "MULTIWORLD_SPARE"
+# Set by the user (the platforms set no port): where the worker serves its Prometheus metrics.
+ENV_METRICS_PORT = "MULTIWORLD_METRICS_PORT"
 
 # Where a worker on Kubernetes proves which pod it is: a projected ServiceAccount token bound to
 # its pod, of this audience, at this path (ENV_TOKEN_FILE overrides the path). The operator
@@ -167,6 +169,8 @@ class WorkerEnv(_Model):
     # A warm spare of this member: no worlds at start; `init_from_env` waits until the live
     # table gives this pod an identity.
     spare: str = ""
+    # Where the worker serves its metrics (multiworld.metrics); None: it serves none.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
@@ -178,7 +182,11 @@ class WorkerEnv(_Model):
         except json.JSONDecodeError as exc:
             raise ValueError(f"{ENV_WORLDS} is not valid JSON: {exc}") from exc
         return cls(
-            pod=environ[ENV_POD], worlds=worlds, table=environ.get(ENV_TABLE, ""), spare=environ.get(ENV_SPARE, "")
+            pod=environ[ENV_POD],
+            worlds=worlds,
+            table=environ.get(ENV_TABLE, ""),
+            spare=environ.get(ENV_SPARE, ""),
+            metrics_port=metrics_port_from_env(environ),
         )
 
     @model_validator(mode="after")
@@ -195,7 +203,20 @@ class WorkerEnv(_Model):
         }
         if self.spare:
             env[ENV_SPARE] = self.spare
+        if self.metrics_port is not None:
+            env[ENV_METRICS_PORT] = str(self.metrics_port)
         return env
+
+
+def metrics_port_from_env(environ: Mapping[str, str]) -> int | None:
+    """MULTIWORLD_METRICS_PORT, checked: None when unset or empty."""
+    raw = environ.get(ENV_METRICS_PORT, "").strip()
+    if not raw:
+        return None
+    port = int(raw) if raw.isdecimal() else 0
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{ENV_METRICS_PORT}={raw!r} is not a port: an integer from 1 to 65535")
+    return port
 
 
 def _now() -> datetime:

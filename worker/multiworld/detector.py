@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
+from multiworld import metrics
 from multiworld.detect_config import DetectConfig
 from multiworld.errors import WorldJoinError, short
 from multiworld.shutdown import start_thread
@@ -205,6 +206,12 @@ class Watch:
             self.fail(verdict.describe(), verdict.peer_rank, report=not verdict.deliberate)
 
     def judge(self, rank: int, silent: float) -> None:
+        """A reading found the counter of `rank`'s process still for `silent` seconds: a miss
+        past two of this world's intervals (a single late tick is none), a death past dead_after."""
+        if self._failed:
+            return
+        if silent > 2 * self.interval:
+            metrics.heartbeat_missed(self.world)
         if silent > self.dead_after:
             self.fail(f"rank {rank} sent no heartbeat for {silent:.1f}s", rank, publish=True)
 
@@ -368,14 +375,15 @@ class _Link(_Owner):
             for watch in self._take_ending():
                 self._call(watch.settle, beats)
             watches = [w for w in watches if w._owner is self]
-            self._sleep(_interval(watches))
+            tick = _interval(watches)
+            self._sleep(tick)
             if not watches:
                 continue  # a join is about to watch its world here
             self._call(beats.add, mine, 1)
             host_beat, now_news = self._call(beats.multi_get, [theirs, NEWS])
             self._detector._count_tick(link=True)
             silent = host.see(host_beat, time.monotonic())
-            if silent > min(w.dead_after for w in watches):
+            if silent > 2 * tick:  # a beat missed, or more: each world judges by its own settings
                 for watch in watches:
                     watch.judge(0, silent)
             if now_news != news:
@@ -621,7 +629,7 @@ class Detector(_Owner):
         for token, value in zip(tokens, values[1:], strict=True):
             silent = self._counters.setdefault(token, _Counter(now)).see(value, now)
             worlds = self._members[token]
-            if silent > min(w.dead_after for w in worlds):
+            if silent > 2 * min(w.interval for w in worlds):  # as in _Link._loop
                 for watch in worlds:
                     watch.judge(watch.ranks[token], silent)
         if values[0] != self._news:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from multiworld import shutdown
+from multiworld import metrics, shutdown
 from multiworld.contract import WorldAssignment
 from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector
@@ -196,7 +196,9 @@ class Joiner:
                 held.worlds[name] = world
                 held.joined_at[name] = datetime.now(UTC)
                 join.world = world
-        if not current:
+        if current:
+            metrics.world_joined(name)
+        else:
             world.close("cancelled its join")
             join.error = JoinCancelled(name)
             self.unserve_if_unused(join.assignment)

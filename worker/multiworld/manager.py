@@ -10,16 +10,17 @@ No torch at import: the communicator code (world.py) loads on the first join.
 
 from __future__ import annotations
 
+import os
 import socket
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from multiworld import shutdown
+from multiworld import metrics, shutdown
 from multiworld.channels import Channel
 from multiworld.channels.none import NoneChannel
 from multiworld.compat import PymultiworldFace
-from multiworld.contract import WorkerStatus, WorldAssignment, WorldTable
+from multiworld.contract import WorkerStatus, WorldAssignment, WorldTable, metrics_port_from_env
 from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector, HeartbeatLoad
 from multiworld.errors import UnknownWorldError
@@ -48,14 +49,19 @@ class WorldManager(PymultiworldFace):
         *,
         enable_monitor: bool = True,
         spare: bool = False,
+        metrics_port: int | None = None,
     ) -> None:
         """`instance`: the epochs (world -> epoch) this process's pod was created for, as its
         environment gives them; a table that names a newer instance of the pod is not followed.
         `enable_monitor=False` (pymultiworld's name): worlds run no heartbeat; op errors still
         break them. `spare`: a warm spare, which says at once that it waits for an identity and
-        takes the one the first live table naming its pod gives it."""
+        takes the one the first live table naming its pod gives it. `metrics_port`: this
+        process serves its metrics there from now on (see metrics.py); None: on the port
+        MULTIWORLD_METRICS_PORT gives, if set."""
         if not isinstance(pod, str):
             raise TypeError(f"pod must be a str, got {pod!r} (pymultiworld's enable_monitor is a keyword argument)")
+        if metrics_port is None:
+            metrics_port = metrics_port_from_env(os.environ)
         self.pod = pod or socket.gethostname()
         config = config if config is not None else DetectConfig.from_env()
         if not enable_monitor:
@@ -78,6 +84,10 @@ class WorldManager(PymultiworldFace):
         self._table = TableFollower(
             self._held, self._joiner, self._reporter, pod=self.pod, instance=instance, leave=self._leave
         )
+        # Before the channel starts: a table it brings may start joins, and each world joined
+        # records its ops if the metrics are served by then.
+        if metrics_port is not None:
+            metrics.serve(metrics_port)
         _open_managers.add(self)
         # The exit hooks come with the first manager: importing the library changes nothing.
         shutdown.on_exit(_close_open_managers)

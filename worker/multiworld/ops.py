@@ -138,9 +138,10 @@ class Collectives:
     (world.py), which adds membership, failure detection and release.
 
     The state the ops use is set up here. `in_flight`: the world's async works not settled
-    yet, and how an op that fails as it runs breaks the world (see work.InFlight). What World
-    itself uses of it: `_driver`, `_waiters`, `_error` (None while healthy) and `_refuse`, which
-    it calls when the world breaks.
+    yet, how an op that fails as it runs breaks the world, and the world's op metrics (kept at
+    hand as `_recorder`; see work.InFlight). What World itself uses of it: `_driver`,
+    `_waiters`, `_error` (None while healthy) and `_refuse`, which it calls when the world
+    breaks.
     """
 
     def __init__(self, name: str, rank: int, size: int, comm: Backend, driver: Driver, in_flight: InFlight) -> None:
@@ -154,6 +155,7 @@ class Collectives:
         self._peers = self._ranks - {rank}
         self._error: WorldBrokenError | None = None
         self._in_flight = in_flight
+        self._recorder = in_flight.recorder
         self._waiters = Waiters(name) if driver.waited_ops else None
         self._options: dict[tuple[object, ...], Any] = {}
 
@@ -272,16 +274,21 @@ class Collectives:
         This runs as little Python as it can, and takes no lock: on two busy cores every line
         here showed in bench/collectives.py. A broken world's _post raises its error. A blocking
         caller waits itself, with no thread handoff; a verdict on the world frees it through the
-        driver's interrupt (see World._break)."""
+        driver's interrupt (see World._break). Its op metrics cost one None check each way
+        while this process serves none."""
+        recorder = self._recorder
+        started = recorder.issued(op) if recorder is not None else 0.0
         torch_work = None
         try:
             torch_work = self._post[op](*args)
             if not async_op:
                 torch_work.wait()
+                if recorder is not None:
+                    recorder.done(op, started)
                 return None
         except (RuntimeError, TypeError) as exc:
             raise self._failed(op, exc, args, torch_work is not None) from exc
-        work = Work(self._in_flight, op, torch_work)
+        work = Work(self._in_flight, op, torch_work, started)
         # _refuse sets _error before it takes the works in flight: a work it missed sees the
         # error here and fails itself.
         self._in_flight.works.add(work)
@@ -309,12 +316,16 @@ class Collectives:
         if async_op:
             return self._run("send", ([tensor], dst, tag), True)
         # _run's blocking path, inlined (see the note above send).
+        recorder = self._recorder
+        started = recorder.issued("send") if recorder is not None else 0.0
         work = None
         try:
             work = self._post["send"]([tensor], dst, tag)
             work.wait()
         except (RuntimeError, TypeError) as exc:
             raise self._failed("send", exc, ([tensor], dst, tag), work is not None) from exc
+        if recorder is not None:
+            recorder.done("send", started)
         return None
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0, async_op: bool = False) -> Work | None:
@@ -326,12 +337,16 @@ class Collectives:
         if async_op:
             return self._run("recv", ([tensor], src, tag), True)
         # _run's blocking path, inlined (see the note above send).
+        recorder = self._recorder
+        started = recorder.issued("recv") if recorder is not None else 0.0
         work = None
         try:
             work = self._post["recv"]([tensor], src, tag)
             work.wait()
         except (RuntimeError, TypeError) as exc:
             raise self._failed("recv", exc, ([tensor], src, tag), work is not None) from exc
+        if recorder is not None:
+            recorder.done("recv", started)
         return None
 
     # -- collectives -------------------------------------------------------------------

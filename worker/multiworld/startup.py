@@ -34,11 +34,12 @@ def init_from_env(
     device: str | torch.device | None = None,
     wait: bool = True,
 ) -> WorldManager:
-    """Read MULTIWORLD_POD / MULTIWORLD_WORLDS / MULTIWORLD_TABLE, open the channel its scheme
-    names, join the start-up worlds in parallel (waiting for them unless wait=False; a world
-    that cannot form is logged and reported, not raised) and follow the live table. A spare
-    (MULTIWORLD_SPARE) first blocks until the table gives it an identity, whatever `wait` says;
-    the worlds that identity brings are joined like start-up worlds."""
+    """Read MULTIWORLD_POD / MULTIWORLD_WORLDS / MULTIWORLD_TABLE, serve the metrics where
+    MULTIWORLD_METRICS_PORT says (if set), open the channel the table's scheme names, join the
+    start-up worlds in parallel (waiting for them unless wait=False; a world that cannot form
+    is logged and reported, not raised) and follow the live table. A spare (MULTIWORLD_SPARE)
+    first blocks until the table gives it an identity, whatever `wait` says; the worlds that
+    identity brings are joined like start-up worlds."""
     environ = os.environ if environ is None else environ
     env = WorkerEnv.from_env(environ)
     config = config if config is not None else DetectConfig.from_env(environ)
@@ -53,6 +54,7 @@ def init_from_env(
         device=device,
         instance={a.name: a.epoch for a in env.worlds},
         spare=bool(env.spare),
+        metrics_port=env.metrics_port,
     )
     if env.spare:
         log.info("pod %s waits for an identity (%s=%s)", env.pod, ENV_SPARE, env.spare)

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
+from multiworld import metrics
 from multiworld.errors import WorldBrokenError
 from multiworld.shutdown import start_thread
 
@@ -31,10 +32,11 @@ def _resolve(fut: asyncio.Future[None], error: WorldBrokenError | None) -> None:
 class InFlight:
     """One world's async ops that have not settled yet, and all that their Works may ask of
     that world: its name and epoch (their repr), the lock they settle under, and `op_failed`,
-    which breaks the world when an op fails as it runs and returns the error to fail with.
-    The world owns one (see ops.Collectives); each Work it starts holds it."""
+    which breaks the world when an op fails as it runs and returns the error to fail with,
+    and `recorder`, its op metrics (None unless this process serves metrics). The world owns
+    one (see ops.Collectives); each Work it starts holds it."""
 
-    __slots__ = ("world", "epoch", "lock", "op_failed", "works")
+    __slots__ = ("world", "epoch", "lock", "op_failed", "works", "recorder")
 
     def __init__(
         self,
@@ -48,6 +50,7 @@ class InFlight:
         self.lock = lock
         self.op_failed = op_failed
         self.works: set[Work] = set()
+        self.recorder = metrics.recorder(world)
 
     def take(self) -> set[Work]:
         """Stop tracking every work (the world broke; its lock is held): the caller fails them.
@@ -63,14 +66,16 @@ class Work:
     It completes when the op does, or fails with `WorldBrokenError` as soon as its world
     breaks, whichever comes first. `settle`, `on_future` and `wait_here` are the library's:
     the world and its backend driver settle a work through them (see backends.Tracked).
+    `started`: what the world's recorder gave when the op was issued (see InFlight).
     """
 
-    __slots__ = ("op", "_in_flight", "_torch_work", "_done", "_event", "_error", "_listeners")
+    __slots__ = ("op", "_in_flight", "_torch_work", "_started", "_done", "_event", "_error", "_listeners")
 
-    def __init__(self, in_flight: InFlight, op: str, torch_work: Any) -> None:
+    def __init__(self, in_flight: InFlight, op: str, torch_work: Any, started: float) -> None:
         self.op = op
         self._in_flight = in_flight
         self._torch_work = torch_work
+        self._started = started
         self._done = False
         # Made only when a thread waits: most works are awaited, and building and setting an
         # Event for each showed in an awaited op's time (bench/collectives.py, all_reduce_async).
@@ -122,6 +127,9 @@ class Work:
         with in_flight.lock:
             if self._done:
                 return
+            # Before the work is done: whoever sees it done sees its duration recorded.
+            if error is None and in_flight.recorder is not None:
+                in_flight.recorder.done(self.op, self._started)
             self._error = error
             self._done = True
             event = self._event

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from multiworld import metrics
 from multiworld.channels import Channel
 from multiworld.contract import JOIN_FAILED, BrokenWorldReport, WorkerStatus, WorldAssignment
 from multiworld.holdings import Holdings
@@ -63,6 +64,7 @@ class StatusReporter:
         if report:
             with self._held.lock:
                 self._errors[world.name] = self._errors.get(world.name, 0) + 1
+            metrics.world_broke(world.name)
             self._channel.report(
                 BrokenWorldReport(
                     world=error.world,
