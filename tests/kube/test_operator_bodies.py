@@ -18,7 +18,7 @@ from multiworld.contract import (
     WorldTable,
 )
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, pod_body
-from multiworld_operator.kube.observe import observe_pods
+from multiworld_operator.kube.observe import observe_pods, pod_addresses
 from multiworld_operator.kube.planner_memory import MEMORY_KEY, memory_body, read_memory
 from multiworld_operator.kube.pod_cache import PodCache
 from multiworld_operator.kube.ports import preferred_port, world_ports
@@ -150,6 +150,40 @@ def test_a_report_counts_only_from_a_rank_of_its_world_at_its_current_epoch() ->
     _, reports = early.current(table, set())
     assert [(r.world, r.epoch) for r in reports] == [("wa", 2)]
     assert [r.split(" broken")[0] for r in early.take_refusals()] == ["pod mw-wa-0 reported world wa"]
+
+
+def test_a_report_names_the_rank_whose_address_its_failed_op_gives() -> None:
+    """gloo's error gives the peer's address: the rank of the one pod with that IP is named the
+    culprit (a warm spare by its own IP); an address of none, of the reporter itself or of two
+    pods (the host's network) names nobody, and a report that names a rank keeps it."""
+    cache = PodCache(OWNER)
+    ips = {"mw-leader-0": "10.0.0.1", "mw-wa-0": "10.0.0.2", "mw-wa-spare-a": "10.0.0.3",
+           "mw-wb-0": "10.0.0.9", "mw-wb-1": "10.0.0.9"}  # fmt: skip
+    cache.listed([{**pod(name), "status": {"phase": "Running", "podIP": ip}} for name, ip in ips.items()], "1")
+    addresses = pod_addresses(cache.pods())
+    assert addresses == {"10.0.0.1": "mw-leader-0", "10.0.0.2": "mw-wa-0", "10.0.0.3": "mw-wa-spare-a"}
+    table = WorldTable(worlds=[
+        WorldEntry(name="wa", epoch=1, host="h", port=4000, pods=["mw-leader-0", "mw-wa-0", "mw-wa-spare-a"],
+                   plays={"mw-wa-spare-a": "mw-wa-1"}),
+        WorldEntry(name="wb", epoch=1, host="h", port=4001, pods=["mw-leader-0", "mw-wb-0", "mw-wb-1"]),
+    ])  # fmt: skip
+
+    def named(reporter: str, world: str, reason: str, peer_rank: int | None = None) -> int | None:
+        inbox = WorkerInbox()
+        assert inbox.report(
+            reporter, BrokenWorldReport(world=world, epoch=1, reason=reason, peer_rank=peer_rank), table
+        )
+        _, (report,) = inbox.current(table, set(), addresses)
+        return report.peer_rank
+
+    assert named("mw-leader-0", "wa", "all_gather failed: Connection closed by peer [10.0.0.3]:18818.") == 2
+    assert named("mw-wa-spare-a", "wa", "Read error [10.0.0.2]:5506: Connection reset by peer") == 1
+    assert named("mw-leader-0", "wa", "recv timed out") is None
+    assert named("mw-leader-0", "wa", "closed by peer [10.0.0.7]:1") is None  # no pod of ours
+    assert named("mw-wa-0", "wa", "closed by peer [10.0.0.2]:1") is None  # the reporter's own
+    assert named("mw-leader-0", "wb", "closed by peer [10.0.0.9]:1") is None  # two pods share it
+    assert named("mw-leader-0", "wa", "closed by peer [10.0.0.3]:1 and [10.0.0.2]:2") is None  # two ranks
+    assert named("mw-leader-0", "wa", "closed by peer [10.0.0.3]:1", peer_rank=1) == 1
 
 
 def test_pod_cache_keeps_the_newest_of_listing_and_events() -> None:

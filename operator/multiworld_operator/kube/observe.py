@@ -95,6 +95,7 @@ class PodState(_Lenient):
     phase: str = "Pending"
     conditions: list[PodCondition] = Field(default_factory=list)
     container_statuses: list[ContainerStatus] = Field(default_factory=list, alias="containerStatuses")
+    pod_ip: str = Field("", alias="podIP")
 
     @property
     def waiting(self) -> str:
@@ -152,6 +153,8 @@ class SeenPod(BaseModel):
     terminating: bool = False
     # A warm spare's label: the member pod it plays ("" when it plays none, or is no spare).
     plays: str = ""
+    # Its pod IP, once it has one: a peer's failed op may name it (worker_inbox.py).
+    ip: str = ""
 
 
 def see_pod(item: Mapping[str, Any], owner_uid: str, running_since: datetime | None = None) -> SeenPod:
@@ -178,8 +181,19 @@ def see_pod(item: Mapping[str, Any], owner_uid: str, running_since: datetime | N
         name=meta.name,
         uid=meta.uid,
         plays=meta.labels.get(PLAYS_LABEL, ""),
+        ip=pod.status.pod_ip,
         observation=observation,
     )
+
+
+def pod_addresses(pods: Iterable[SeenPod]) -> dict[str, str]:
+    """Pod IP -> pod, for the IPs exactly one of the pods has (pods on the host's network share
+    theirs: an address of one of them names none)."""
+    holders: dict[str, list[str]] = {}
+    for pod in pods:
+        if pod.ip:
+            holders.setdefault(pod.ip, []).append(pod.name)
+    return {ip: names[0] for ip, names in holders.items() if len(names) == 1}
 
 
 def observe_pods(

@@ -51,7 +51,7 @@ from .events import MultiWorldEvents
 from .memory_store import PlannerMemoryStore
 from .metrics import OperatorMetrics
 from .networking import Networking
-from .observe import ObservedPods, SeenPod, observe_pods
+from .observe import ObservedPods, SeenPod, observe_pods, pod_addresses
 from .pod_cache import PodCache
 from .ports import world_ports
 from .refusal import CREATE_REFUSED, INVALID_SPEC
@@ -218,7 +218,9 @@ class Reconciler:
         # The planner runs off the event loop: a MultiWorld of thousands of pods plans for a
         # while, and every other MultiWorld's loop goes on meanwhile.
         pods = self.pods.pods()
-        workers, reports = self.inbox.current(self._published or WorldTable(), {pod.uid for pod in pods})
+        workers, reports = self.inbox.current(
+            self._published or WorldTable(), {pod.uid for pod in pods}, pod_addresses(pods)
+        )
         previous = self.memory.remembered
         planned = await asyncio.to_thread(self._plan_step, multiworld, previous, pods, workers, reports)
         result, seen = planned.result, planned.seen

@@ -12,8 +12,10 @@ only as long as the epoch they name.
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Mapping
 
-from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldTable
+from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldEntry, WorldTable
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +83,40 @@ class WorkerInbox:
         refusals, self._refusals = self._refusals, []
         return refusals
 
-    def current(self, table: WorldTable, uids: set[str]) -> tuple[dict[str, WorkerStatus], list[BrokenWorldReport]]:
+    def current(
+        self, table: WorldTable, uids: set[str], addresses: Mapping[str, str] | None = None
+    ) -> tuple[dict[str, WorkerStatus], list[BrokenWorldReport]]:
         """The statuses of the pod instances `uids` and the reports at their world's current
-        epoch in `table`; what is older is forgotten."""
+            epoch in `table`; what is older is forgotten. `addresses` (pod IP -> pod) name the culprit
+        of a report that names none where its reason gives the address of exactly one other rank
+        (a failed op's error: gloo says "Connection closed by peer [10.244.0.79]:18818"), so a
+        peer's report replaces the dead pod at once rather than when its kubelet says it failed."""
         unchecked, self._unchecked = self._unchecked, {}
         for (pod, _), report in unchecked.items():
             self.report(pod, report, table)
         epochs = {w.name: w.epoch for w in table.worlds}
         self._reports = {key: r for key, r in self._reports.items() if epochs.get(r.world) == r.epoch}
         self.statuses = {uid: s for uid, s in self.statuses.items() if uid in uids}
-        return dict(self.statuses), list(self._reports.values())
+        entries, addresses = {w.name: w for w in table.worlds}, addresses or {}
+        reports = [_named_by_address(r, pod, entries[r.world], addresses) for (_, pod), r in self._reports.items()]
+        return dict(self.statuses), reports
+
+
+# A peer's address in a failed op's error ("[10.244.0.79]:18818", "[fd00::5]:18818").
+_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
+
+
+def _named_by_address(
+    report: BrokenWorldReport, reporter: str, entry: WorldEntry, addresses: Mapping[str, str]
+) -> BrokenWorldReport:
+    """The report, naming the rank whose address its reason gives when it names none."""
+    if report.peer_rank is not None:
+        return report
+    ranks = {
+        entry.pods.index(pod)
+        for address in _ADDRESS.findall(report.reason)
+        if (pod := addresses.get(address)) is not None and pod in entry.pods and pod != reporter
+    }
+    if len(ranks) != 1:
+        return report
+    return report.model_copy(update={"peer_rank": ranks.pop()})
