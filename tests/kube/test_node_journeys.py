@@ -485,9 +485,11 @@ def test_a_hostile_worker_pod_breaks_nothing(
 ) -> None:
     """A pod of our worker image, under the workers' ServiceAccount, attacks for real
     (tests/kube/hostile_worker.py): over the worker channel it reports broken a world it holds
-    no rank in and its own world at an epoch to come; through the API server it patches another
-    member pod's image with the token it holds. Both reports are refused, each said by a Warning
-    Event naming the pod; no world moves; the patch is refused and the image stays."""
+    no rank in and its own world at an epoch to come; through the API server, with the token it
+    holds, it patches another member pod's image, creates a decoy world table and deletes the
+    NetworkPolicy. Both reports are refused, each said by a Warning Event naming the pod; no
+    world moves; every API request is refused and the image stays. The NetworkPolicy, deleted
+    by the admin, comes back."""
     name = "hostile"
     manifest = {
         "apiVersion": "multiworld.io/v1alpha1",
@@ -509,8 +511,9 @@ def test_a_hostile_worker_pod_breaks_nothing(
     attacker = f"{name}-attacker-0"
     try:
         _wait_running(kube, name, {"victim": 1, "own": 1})
-        log = _wait_log(kube_node, operator, attacker, "attack patch:")
-        assert re.search(r"attack patch: refused 40[13]", log), log
+        log = _wait_log(kube_node, operator, attacker, "attack network policy:")
+        for attack in ("patch", "decoy table", "network policy"):
+            assert re.search(rf"attack {attack}: refused 40[13]", log), log
 
         def both_refused() -> list[str] | None:
             found = [e.message for e in kube.events(name) if e.reason == "ReportRefused" and e.type == "Warning"]
@@ -527,6 +530,9 @@ def test_a_hostile_worker_pod_breaks_nothing(
         }
         (container,) = kube.pods(name)[f"{name}-leader-0"].spec.containers
         assert container.image == WORKER_IMAGE
+        # What the worker could not do, someone who may: the operator restores the NetworkPolicy.
+        kubectl(kube_node, "delete", "networkpolicy", name, "-n", operator.apps)
+        wait_for(f"the NetworkPolicy {name} restored", lambda: kube.network_policy(name), WAIT_S)
     finally:
         kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
         wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
