@@ -87,6 +87,11 @@ class Rendezvous:
         self._guarded(self._claim_rank)
         members: list[dict[str, object]] = []
         try:
+            # The abort key exists before this member waits or shows itself, so that no read of
+            # it waits.
+            self._guarded(lambda: self._store.compare_set(abort_key(self._prefix), "", ""))
+            if self._a.rank != 0:
+                self._guarded(self._check_rank0)
             self._guarded(self._announce)
             self._guarded(lambda: members.extend(self._wait_for_members()))
             self._guarded(lambda: self._check_members(members))
@@ -121,9 +126,15 @@ class Rendezvous:
         if self._store.add(self._claim_key, 1) != 1:
             raise WorldJoinError(f"{self._what}: rank {self._a.rank} is already taken by another process")
 
+    def _check_rank0(self) -> None:
+        """Rank 0's entry, checked before this member shows itself: a member told a different
+        size learns it without waiting for ranks that will never come, and while rank 0's store
+        is sure to be up (rank 0 leaves as soon as it sees a member that disagrees)."""
+        key = self._member_key(0)
+        self._wait([key])
+        self._check_members([json.loads(self._store.get(key))])
+
     def _announce(self) -> None:
-        # The abort key exists before anyone can see this member, so that no read of it waits.
-        self._store.compare_set(abort_key(self._prefix), "", "")
         info = {"size": self._a.size, "backend": self._a.backend, "pod": self._pod, **self._beat}
         self._store.set(self._member_key(self._a.rank), json.dumps(info))
 
@@ -132,10 +143,6 @@ class Rendezvous:
 
     def _wait_for_members(self) -> list[dict[str, object]]:
         keys = [self._member_key(r) for r in range(self._a.size)]
-        # Rank 0's entry first: a member told a different size learns it without waiting for
-        # ranks that will never come.
-        self._wait([keys[0]])
-        self._check_members([json.loads(self._store.get(keys[0]))])
         self._wait(keys)
         return [json.loads(raw) for raw in self._store.multi_get(keys)]
 
