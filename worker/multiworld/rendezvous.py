@@ -87,9 +87,7 @@ class Rendezvous:
         self._guarded(self._claim_rank)
         members: list[dict[str, object]] = []
         try:
-            # The abort key exists before this member waits or shows itself, so that no read of
-            # it waits.
-            self._guarded(lambda: self._store.compare_set(abort_key(self._prefix), "", ""))
+            self._guarded(self._open_abort_key)
             if self._a.rank != 0:
                 self._guarded(self._check_rank0)
             self._guarded(self._announce)
@@ -125,6 +123,10 @@ class Rendezvous:
     def _claim_rank(self) -> None:
         if self._store.add(self._claim_key, 1) != 1:
             raise WorldJoinError(f"{self._what}: rank {self._a.rank} is already taken by another process")
+
+    def _open_abort_key(self) -> None:
+        # It exists before this member waits or shows itself, so that no read of it waits.
+        self._store.compare_set(abort_key(self._prefix), "", "")
 
     def _check_rank0(self) -> None:
         """Rank 0's entry, checked before this member shows itself: a member told a different
