@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import json
 import re
-import threading
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import timedelta
 from typing import Any
 
 import helm_python as helm
 import pytest
 from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, Manifest, Rendered
 from harness.dashboard import dashboard, panels, queries, substituted, variables
+from harness.operator_metrics import T0, FixedStatuses, failure, planner_status
 from harness.prometheus import Prometheus, PrometheusError
+
+from multiworld_operator.kube.metrics import OperatorMetrics
+from multiworld_operator.local.store_ports import free_store_ports
 
 METRICS_SERVICE = f"{FULLNAME}-metrics"
 LEADER_LABEL = "multiworld.io/operator-leader"
@@ -72,90 +77,69 @@ def metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\bmultiworld_\w+", expr))
 
 
-# What two replicas of the operator export, as the metric names above with their labels: the
-# leader, and a standby showing the statuses from its watch, a step behind (and the workers'
-# metrics, scraped alongside). The dashboard must show one view of each world: the leader's.
-WORLD = 'namespace="team-a",multiworld="trainer",world="w1"'
-MULTIWORLD = 'namespace="team-a",multiworld="trainer"'
-MEMBER = f'{MULTIWORLD},member="m"'
-WORKER_OP = 'world="w1",op="all_reduce"'
+# What the dashboard is checked against: two replicas of the operator, each its real metrics
+# (multiworld_operator.kube.metrics) on its real endpoint, and a worker's real metrics
+# (multiworld.metrics) in a process of its own. The leader counted a failure of world w1 of
+# MultiWorld team-a/trainer and its recovery; the standby shows the statuses from its watch, a
+# step behind. The dashboard must show one view of each world: the leader's.
+KEY = ("team-a", "trainer")
+# The worker: one world w1, four all_reduce done, one join, one break, one heartbeat missed.
+WORKER = """
+import sys, time
+from multiworld import metrics
+metrics.serve(int(sys.argv[1]))
+ops = metrics.recorder("w1")
+for _ in range(4):
+    ops.done("all_reduce", ops.issued("all_reduce"))
+metrics.world_joined("w1")
+metrics.world_broke("w1")
+metrics.heartbeat_missed("w1")
+print("serving", flush=True)
+time.sleep(3600)
+"""
 
 
-def histogram(name: str, labels: str = "") -> list[str]:
-    bucket_labels = f"{labels}," if labels else ""
-    buckets = [f'{name}_bucket{{{bucket_labels}le="{le}"}} {n}' for le, n in (("0.5", 1), ("5", 3), ("+Inf", 4))]
-    return [*buckets, f"{name}_sum{{{labels}}} 7.5", f"{name}_count{{{labels}}} 4"]
-
-
-LEADER_EXPORTS = [
-    "multiworld_operator_leader 1",
-    "multiworld_operator_multiworlds_waiting 0",
-    'multiworld_operator_api_errors_total{verb="patch",code="409"} 1',
-    *histogram("multiworld_operator_step_duration_seconds"),
-    f'multiworld_world_phase{{{WORLD},phase="Running"}} 1',
-    f'multiworld_world_phase{{{WORLD},phase="Recovering"}} 0',
-    f"multiworld_world_epoch{{{WORLD}}} 2",
-    f"multiworld_world_ranks{{{WORLD}}} 2",
-    f"multiworld_world_ranks_ready{{{WORLD}}} 2",
-    f"multiworld_world_restarts_total{{{WORLD}}} 1",
-    f'multiworld_world_failures_total{{{WORLD},reason="RankLost"}} 1',
-    *histogram("multiworld_world_recovery_seconds", WORLD),
-    f'multiworld_phase{{{MULTIWORLD},phase="Running"}} 1',
-    f"multiworld_spares_ready{{{MEMBER}}} 1",
-    f"multiworld_spares_wanted{{{MEMBER}}} 1",
-    f"multiworld_rollout_pods_updated{{{MEMBER}}} 2",
-    f"multiworld_rollout_pods{{{MEMBER}}} 2",
-    f"multiworld_worker_ops_total{{{WORKER_OP}}} 4",
-    *histogram("multiworld_worker_op_duration_seconds", WORKER_OP),
-    'multiworld_worker_breaks_total{world="w1"} 1',
-    'multiworld_worker_joins_total{world="w1"} 2',
-    'multiworld_worker_heartbeat_misses_total{world="w1"} 0',
-]
-STANDBY_EXPORTS = [
-    "multiworld_operator_leader 0",
-    f'multiworld_world_phase{{{WORLD},phase="Pending"}} 1',
-    f'multiworld_phase{{{MULTIWORLD},phase="Pending"}} 1',
-    f"multiworld_world_restarts_total{{{WORLD}}} 0",
-]
+def operator_replica(leading: bool) -> str:
+    """A replica's metrics endpoint (host:port)."""
+    metrics = OperatorMetrics()
+    if leading:
+        running = planner_status(w1={"phase": "Running", "epoch": 1, "readyRanks": 2})
+        failed = planner_status(w1={"phase": "Recovering", "epoch": 2, "restarts": 1, "lastFailure": failure(1)})
+        back = planner_status(
+            w1={"phase": "Running", "epoch": 2, "restarts": 1, "readyRanks": 2, "lastFailure": failure(1),
+                "formedAt": (T0 + timedelta(seconds=4)).isoformat()},
+        )  # fmt: skip
+        metrics.step_taken(KEY, running, failed)
+        metrics.step_taken(KEY, failed, back)
+        metrics.api_error("patch_namespaced_config_map", "409")
+        metrics.step_duration.observe(0.05)
+        shown = {**back.view(), "phase": "Running", "spares": {"m": "1/1"}, "rollout": {"m": "1/2"}}
+    else:
+        shown = planner_status(w1={"phase": "Pending", "epoch": 1}).view()
+    metrics.read_statuses_from(FixedStatuses({KEY: shown}, leading=leading))
+    return f"127.0.0.1:{metrics.serve(0)}"
 
 
 @contextmanager
-def exporter(lines: list[str]) -> Iterator[str]:
-    """Serves `lines` at http://127.0.0.1:<port>/metrics in Prometheus's text format; yields host:port."""
-    body = ("\n".join(lines) + "\n").encode()
-
-    class Metrics(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:  # the scrapes every second are no news
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def worker_process() -> Iterator[str]:
+    """A process serving a worker's metrics; its host:port."""
+    (port,) = free_store_ports(1)
+    process = subprocess.Popen([sys.executable, "-c", WORKER, str(port)], stdout=subprocess.PIPE, text=True)
     try:
-        yield f"127.0.0.1:{server.server_address[1]}"
+        assert process.stdout is not None and process.stdout.readline().strip() == "serving"
+        yield f"127.0.0.1:{port}"
     finally:
-        server.shutdown()
-        server.server_close()
+        process.kill()
+        process.wait()
 
 
 @pytest.fixture(scope="module")
 def prometheus() -> Iterator[Prometheus]:
-    with (
-        exporter(LEADER_EXPORTS) as leader,
-        exporter(STANDBY_EXPORTS) as standby,
-        Prometheus([leader, standby]) as started,
-    ):
-        # Two scrapes of each replica: what a rate() needs.
+    with worker_process() as worker, Prometheus([operator_replica(True), operator_replica(False), worker]) as started:
+        # Two scrapes of each target: what a rate() needs.
         started.wait_for(
-            "count_over_time(multiworld_operator_leader[1h])",
-            lambda result: len(result) == 2 and all(float(r["value"][1]) >= 2 for r in result),
+            "count_over_time(up[1h])",
+            lambda result: len(result) == 3 and all(float(r["value"][1]) >= 2 for r in result),
         )
         yield started
 

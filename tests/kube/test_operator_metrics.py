@@ -6,26 +6,15 @@ scrapes the operator's pod (test_node_journeys.py)."""
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
+from harness.operator_metrics import T0, FixedStatuses, failure, planner_status as status
+
 from multiworld_operator.kube.metrics import Key, OperatorMetrics, api_verb, transitions
-from multiworld_operator.planner import MultiWorldStatus
 
-T0 = datetime(2030, 1, 1, tzinfo=UTC)
 KEY = ("apps", "mw")
-
-
-def status(**worlds: dict[str, Any]) -> MultiWorldStatus:
-    """A planner memory with these worlds (WorldStatus fields, camelCase)."""
-    loaded = MultiWorldStatus.from_dict({"worlds": {name: {"size": 2, **fields} for name, fields in worlds.items()}})
-    assert loaded is not None
-    return loaded
-
-
-def failure(epoch: int, reason: str = "PodFailed", at: datetime = T0) -> dict[str, Any]:
-    return {"time": at.isoformat(), "reason": reason, "pod": "mw-a-0", "rank": 1, "epoch": epoch}
 
 
 def test_a_failure_counts_when_seen_and_its_recovery_when_the_new_epoch_forms() -> None:
@@ -67,20 +56,6 @@ def test_api_verbs_are_kubernetes_verbs() -> None:
     assert [api_verb(m) for m in methods] == ["create", "get", "update", "patch", "delete", "list"]
 
 
-class Statuses:
-    """The StatusSource the metrics read (the Controller in the operator)."""
-
-    def __init__(self, shown: dict[Key, Mapping[str, Any] | None], leading: bool = True) -> None:
-        self.shown = shown
-        self.leading = leading
-
-    def statuses(self) -> Iterable[tuple[Key, Mapping[str, Any] | None]]:
-        return self.shown.items()
-
-    def waiting(self) -> int:
-        return 1
-
-
 def scrape(port: int) -> dict[str, float]:
     """The endpoint's samples, by name and labels (sorted by label name)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
@@ -113,7 +88,7 @@ def test_the_endpoint_shows_each_world_as_its_status_does_and_forgets_what_is_go
         v={"phase": "Running", "epoch": 1, "readyRanks": 2},
     )  # fmt: skip
     shown: dict[Key, Mapping[str, Any] | None] = {KEY: {**back.view(), "spares": {"a": "1/2"}}, ("apps", "new"): None}
-    metrics.read_statuses_from(Statuses(shown))
+    metrics.read_statuses_from(FixedStatuses(shown, waiting=1))
     metrics.step_taken(KEY, before, failed)
     metrics.step_taken(KEY, failed, back)
     metrics.api_error("create_namespaced_pod", "409")
