@@ -44,6 +44,10 @@ MAX_GREETING = 64
 # world, twice over fits the burst); beyond this it is refused and reconnects later.
 MESSAGE_BURST = 2 * (MAX_WORLDS_PER_POD + 1)
 MESSAGES_PER_S = 50.0
+# A warning of the channel (a refusal, a silent or junk connection) is said once per kind and
+# source this often, with a count of the ones held back; sources remembered at most.
+LOG_EVERY_S = 60.0
+MAX_LOG_KEYS = 4096
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class ChannelServer:
         self._server: asyncio.Server | None = None
         # Connections that have not proven who speaks yet.
         self._greeting = 0
+        self._warn = _QuietLog().warn
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `host`:`port` (0: a free port); the port listened on."""
@@ -132,13 +137,15 @@ class ChannelServer:
         speaker: Speaker | None = None
         try:
             if self._greeting >= MAX_GREETING:
-                log.warning("channel: %d connections are greeting already; closed %s", MAX_GREETING, _peer(writer))
+                self._warn(("busy",), "%d connections are greeting already; closed %s", MAX_GREETING, _peer(writer))
                 return
             self._greeting += 1
             try:
                 speaker = await asyncio.wait_for(self._greet(reader, writer), HELLO_TIMEOUT_S)
             except TimeoutError:
-                log.warning("channel: %s sent no hello within %.0f s; closed", _peer(writer), HELLO_TIMEOUT_S)
+                self._warn(
+                    ("silent", _host(writer)), "%s sent no hello within %.0f s; closed", _peer(writer), HELLO_TIMEOUT_S
+                )
             finally:
                 self._greeting -= 1
             if speaker is None:
@@ -177,10 +184,9 @@ class ChannelServer:
         self._send(speaker.group, speaker.pod, writer)
         return speaker
 
-    @staticmethod
-    async def _refuse(writer: asyncio.StreamWriter, reason: str) -> None:
+    async def _refuse(self, writer: asyncio.StreamWriter, reason: str) -> None:
         """Tell the worker why its connection closes (it retries more and more slowly)."""
-        log.warning("channel: refused a connection from %s: %s", _peer(writer), reason)
+        self._warn(("refused", _host(writer), reason), "refused a connection from %s: %s", _peer(writer), reason)
         writer.write(ChannelMessage(refused=reason).encode())
         await writer.drain()
 
@@ -188,7 +194,7 @@ class ChannelServer:
         try:
             message = ChannelMessage.decode(line)
         except ValidationError as exc:
-            log.warning("channel: bad message from pod %s: %s", speaker.pod, exc)
+            self._warn(("bad", speaker.group, speaker.pod), "bad message from pod %s: %s", speaker.pod, exc)
             return
         if message.report is not None:
             # Stamped with this clock: the platform compares it with its own sightings of pods.
@@ -204,6 +210,26 @@ class ChannelServer:
                 writer.close()
             self._writers.clear()
             await self._server.wait_closed()
+
+
+class _QuietLog:
+    """Warnings of the channel, each kind from each source said once per LOG_EVERY_S with a count
+    of those held back: anything in the cluster may connect, as often as it likes."""
+
+    def __init__(self) -> None:
+        self._said: dict[Hashable, tuple[float, int]] = {}
+
+    def warn(self, key: Hashable, message: str, *args: object) -> None:
+        now = time.monotonic()
+        said = self._said.get(key)
+        if said is not None and now - said[0] < LOG_EVERY_S:
+            self._said[key] = (said[0], said[1] + 1)
+            return
+        if len(self._said) >= MAX_LOG_KEYS:
+            self._said.clear()
+        self._said[key] = (now, 0)
+        held = f" ({said[1]} more like it in the last {now - said[0]:.0f} s)" if said is not None and said[1] else ""
+        log.warning("channel: " + message + "%s", *args, held)
 
 
 class _Budget:
@@ -222,6 +248,12 @@ class _Budget:
             return False
         self.tokens -= 1
         return True
+
+
+def _host(writer: asyncio.StreamWriter) -> str:
+    """The address a connection comes from, less its port (a reconnection gets a new one)."""
+    address = writer.get_extra_info("peername")
+    return str(address[0]) if isinstance(address, tuple) else str(address)
 
 
 def _peer(writer: asyncio.StreamWriter) -> str:

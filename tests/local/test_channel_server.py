@@ -129,3 +129,36 @@ def test_a_connection_over_its_message_rate_is_refused_and_closed() -> None:
         await server.close()
 
     asyncio.run(scenario())
+
+
+def test_a_connection_refused_again_and_again_is_logged_once_with_a_count(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anything in the cluster may connect as often as it likes: each refusal is told to the
+    connection, but the operator's log says it once per source and kind (with a count of those
+    held back when it says it again), not once per connection."""
+    monkeypatch.setattr(channel_server, "LOG_EVERY_S", 0.5)
+
+    async def scenario() -> None:
+        server = ChannelServer(lambda *_: None, lambda *_: None)
+        port = await server.start()
+
+        async def refused_once() -> None:
+            reader, writer = await connect(port)
+            writer.write(ChannelMessage(status=WorkerStatus(pod="junk")).encode())
+            await writer.drain()
+            (message,) = await closed_within(reader, 10)
+            assert message.refused is not None and "must be a hello" in message.refused
+            writer.close()
+
+        for _ in range(20):
+            await refused_once()
+        await asyncio.sleep(0.6)
+        await refused_once()
+        await server.close()
+
+    with caplog.at_level("WARNING", logger=channel_server.__name__):
+        asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records if "refused a connection from 127.0.0.1" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "more like it" not in said[0] and "(19 more like it in the last" in said[1], said
