@@ -173,6 +173,16 @@ class Kubelet:
 REPLICA_STOP_S = 30.0
 
 
+def stop_operator(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as Kubernetes stops a pod; SIGKILL if it has not exited within REPLICA_STOP_S."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(REPLICA_STOP_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class OperatorReplica:
     """`multiworld operator --leader-election` as a process of its own, playing one replica of
     the chart's Deployment: the chart's ServiceAccount, and POD_NAME/POD_NAMESPACE naming a

@@ -9,7 +9,6 @@ SpecValid=False), Fail refuses."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -26,7 +25,17 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
-from operator_support import CHART_DIR, GROUP, HELM_TIMEOUT_S, PLURAL, VERSION, WAIT_S, refusals, two_worlds
+from operator_support import (
+    CHART_DIR,
+    GROUP,
+    HELM_TIMEOUT_S,
+    PLURAL,
+    VERSION,
+    WAIT_S,
+    refusals,
+    stop_operator,
+    two_worlds,
+)
 from webhook_support import ca_bundle, serve_from_this_host
 
 from multiworld_operator import cli
@@ -36,7 +45,6 @@ from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
 
 pytestmark = pytest.mark.kube
 
-OPERATOR_STOP_TIMEOUT_S = 30.0
 WEBHOOK = "spec.multiworld.io"
 
 
@@ -85,12 +93,7 @@ class Release:
             )
             yield
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(OPERATOR_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_operator(process)
         log = log_path.read_text(errors="replace")
         assert not refusals(log), log[-3000:]
 
@@ -232,20 +235,28 @@ def test_with_the_operator_down_fail_refuses(kube_cluster: Cluster, namespace: s
 def test_operator_flags_serve_the_webhook_only_when_given(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    started: list[Webhook | None] = []
+    started: list[tuple[Webhook | None, int | None]] = []
 
     def run_operator(
-        namespaces: list[str], liveness: str | None = None, webhook: Webhook | None = None, lease: object = None
+        namespaces: list[str],
+        liveness: str | None = None,
+        webhook: Webhook | None = None,
+        lease: object = None,
+        metrics_port: int | None = None,
     ) -> int:
-        started.append(webhook)
+        started.append((webhook, metrics_port))
         return 0
 
     monkeypatch.setattr(operator_main, "run_operator", run_operator)
     assert cli.main(["operator"]) == 0
     flags = ["--webhook-port", "9443", "--webhook-host", "w.ns.svc", "--webhook-configuration", "mw"]
-    assert cli.main(["operator", *flags]) == 0
-    assert started == [None, Webhook(9443, "w.ns.svc", "mw")]
+    assert cli.main(["operator", *flags, "--metrics-port", "8000"]) == 0
+    assert started == [(None, None), (Webhook(9443, "w.ns.svc", "mw"), 8000)]
     with pytest.raises(SystemExit) as refused:
         cli.main(["operator", "--webhook-port", "9443"])
     assert refused.value.code == 2
     assert "--webhook-port needs --webhook-host and --webhook-configuration" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["operator", "--metrics-port", "0"])
+    assert refused.value.code == 2
+    assert "--metrics-port: must be a port between 1 and 65535, got 0" in capsys.readouterr().err

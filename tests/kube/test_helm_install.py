@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -27,7 +26,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
-from operator_support import lease_holder, refusals
+from operator_support import lease_holder, refusals, stop_operator
 from webhook_support import serve_from_this_host, wait_ca_bundle
 
 pytestmark = pytest.mark.kube
@@ -38,7 +37,6 @@ WORKER_SA = "multiworld-worker"
 HELM_TIMEOUT_S = 120
 GONE_TIMEOUT_S = 90.0
 OPERATOR_TIMEOUT_S = 120.0
-OPERATOR_STOP_TIMEOUT_S = 30.0
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "all_gather" / "multiworld.yaml"
 
 
@@ -222,12 +220,7 @@ def operator_process(kube_cluster: Cluster, namespace: str, fullname: str, log_p
     try:
         yield container.ports[0].container_port
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(OPERATOR_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_operator(process)
 
 
 def scrape(port: int) -> str:
