@@ -38,7 +38,9 @@ Clocks (wall clock, one machine):
   during failures   from each kill until its world is back
   during rollout    one window: from the edit until the last replaced replica's world is back
                     (the new template's spares starting are in it); until the last answer when
-                    a replica was not replaced or its world not back
+                    a replica was not replaced or its world not back; its two phases apart:
+                    the edit until the first replacement (the new pods starting), then until
+                    the last world is back (the replacements)
   dip               per kill or replaced replica, the longest run of 100 ms bins with fewer
                     answers than (N-1)/N of the steady rate that begins between the kill (the
                     replacement) and the world's return; the same measure over the steady
@@ -474,12 +476,21 @@ def present(args: Any, load: str, full: float, rate: float, requests: int, run: 
         ["offered rate (half the capacity)", f"{rate:.1f} req/s, {requests} requests"],
     ]
     if args.rollout:
-        lines.append(
+        # The rollout's two phases: its new pods (spares of the new template) start, then the
+        # replacements.
+        first = min(f.at for f in found)
+        starting = p99([a["done"] - a["arrived"] for a in done_in(trace, [(start, first)])])
+        replacing = p99([a["done"] - a["arrived"] for a in done_in(trace, [(first, rollout_window[1])])])
+        lines += [
             [
                 "rollout window (edit until the last replaced replica's world is back)",
                 f"{rollout_window[1] - rollout_window[0]:.2f} s" + ("" if complete else " (incomplete)"),
-            ]
-        )
+            ],
+            [
+                "p99: edit until the first replacement / first replacement until the last world is back",
+                f"{ms(starting)} ({first - start:.2f} s) / {ms(replacing)} ({rollout_window[1] - first:.2f} s)",
+            ],
+        ]
     lines += [
         [f"throughput: steady ({args.steady:g} s before {before}) / during {during_what}",
          f"{steady_rps:.1f} req/s / {during_rps:.1f} req/s"],
