@@ -186,7 +186,9 @@ class ChannelServer:
 
     async def _refuse(self, writer: asyncio.StreamWriter, reason: str) -> None:
         """Tell the worker why its connection closes (it retries more and more slowly)."""
-        self._warn(("refused", _host(writer), reason), "refused a connection from %s: %s", _peer(writer), reason)
+        # Keyed by the source alone: a reason may quote what the connection claimed (a pod name),
+        # which a source could vary at will.
+        self._warn(("refused", _host(writer)), "refused a connection from %s: %s", _peer(writer), reason)
         writer.write(ChannelMessage(refused=reason).encode())
         await writer.drain()
 
