@@ -1,5 +1,5 @@
 """A kubelet stand-in for a cluster without nodes: it watches one namespace's MultiWorld pods,
-notes when each instance appears, marks it Running `start_s` later, and marks a pod Failed on
+notes when each instance appears, marks it Running START_S later, and marks a pod Failed on
 request, both through the pod's status as a kubelet would. It counts its own API writes."""
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, NAME_LABEL
 
 # Watches are renewed this often, so stopping never waits longer.
 WATCH_S = 5
+# How long after a pod instance appears its container "starts" (is marked Running).
+START_S = 0.5
+# What the benches that use it say of their kubelet.
+DESCRIBED = f"kubelet: a stand-in (status patches; a container 'starts' {START_S:g} s after its pod appears)"
 
 
 @dataclass(frozen=True)
@@ -33,10 +37,9 @@ class StandInKubelet:
     """Use as a context manager. `writes`: every API write it made (each a pod status patch,
     whatever its outcome, since the API server counts them all)."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, start_s: float) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
-        self.start_s = start_s
         self.writes = 0
         self._writes_lock = threading.Lock()
         self.appeared: list[Appeared] = []
@@ -99,7 +102,7 @@ class StandInKubelet:
             self.appeared.append(Appeared(at, meta.name, stamp))
             self._seen.notify_all()
         with self._due_changed:
-            heapq.heappush(self._due, (at + self.start_s, meta.name))
+            heapq.heappush(self._due, (at + START_S, meta.name))
             self._due_changed.notify_all()
 
     def _start_containers(self) -> None:

@@ -132,7 +132,7 @@ def operator_credentials(cluster: Any, api: client.ApiClient, kind: str) -> tupl
 
 
 @contextmanager
-def scene(directory: Path, credentials: str, kubelet_start_s: float) -> Iterator[Scene]:
+def scene(directory: Path, credentials: str) -> Iterator[Scene]:
     """A control plane, the chart, a namespace served by the operator, the stand-in kubelet."""
     try:
         binaries = cluster_module.find_binaries()
@@ -147,7 +147,7 @@ def scene(directory: Path, credentials: str, kubelet_start_s: float) -> Iterator
             loaded = common.machine_load()
             operator = OperatorProcess(kubeconfig, namespace, directory / "operator.log")
             try:
-                with StandInKubelet(api, namespace, kubelet_start_s) as kubelet:
+                with StandInKubelet(api, namespace) as kubelet:
                     yield Scene(api, support.KubeNamespace(api, namespace), kubelet, operator, described, loaded)
             finally:
                 operator.stop()

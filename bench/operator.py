@@ -5,7 +5,7 @@ The bench starts its own control plane (etcd, kube-apiserver, kube-controller-ma
 tests/cluster/cluster.py) in a temp dir, installs the chart (CRD and RBAC, cluster-wide), and
 runs the operator (`multiworld operator --namespace NS`) as a process of its own, with the
 chart's ServiceAccount token (`--as admin`: the cluster admin's). There is no kubelet: a
-stand-in in this process watches the pods, marks each new one Running KUBELET_START_S after it
+stand-in in this process watches the pods, marks each new one Running _kubelet_stand_in.START_S after it
 appears, and marks a pod Failed on request, both by status patches as a kubelet would; it counts
 its own writes.
 
@@ -34,6 +34,7 @@ from typing import Any
 
 import _common as common
 from _apiserver_requests import Kind, Writes, label, scrape
+from _kubelet_stand_in import DESCRIBED
 from _operator_scene import Scene, fail_and_recover, scene, start, wait_for
 from kubernetes import client
 
@@ -43,7 +44,6 @@ REACT_LIMIT_S = 0.3
 # A real kubelet needs at least this long to start a container. It also keeps the operator's
 # step that sees a new pod apart from the step that sees it Running, so the write count does
 # not depend on whether the operator happens to see both in one listing.
-KUBELET_START_S = 0.5
 # The API is quiet when no write was counted for this long.
 QUIET_S = 1.0
 # What the stand-in kubelet writes: pod status patches, from the Python client.
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     with (
         tempfile.TemporaryDirectory(prefix="bench-operator-") as directory,
-        scene(Path(directory), args.credentials, KUBELET_START_S) as the_scene,
+        scene(Path(directory), args.credentials) as the_scene,
     ):
         react, costs = measure(the_scene, args)
         credentials, loaded = the_scene.credentials, the_scene.loaded
@@ -188,10 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"writes per failure, |{largest} worlds - {smallest} worlds|", abs(writes[largest] - writes[smallest]), 0.0
         ),
     ]
-    setup = (
-        f"operator: `multiworld operator` in its own process, as {credentials}\n"
-        f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)"
-    )
+    setup = f"operator: `multiworld operator` in its own process, as {credentials}\n{DESCRIBED}"
     common.report(
         "operator: failure reaction and API writes per world failure (real kube-apiserver)",
         loaded,

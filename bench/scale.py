@@ -5,7 +5,7 @@ is written for it in its objects.
 
 The scene is bench/operator.py's: its own control plane, the chart installed for real, the
 operator as a process of its own, and a stand-in kubelet that marks each new pod Running
-KUBELET_START_S after it appears and fails pods on request, through their status.
+_kubelet_stand_in.START_S after it appears and fails pods on request, through their status.
 
 MultiWorlds are stars: a leader (router) in every world w<i>, and one exclusive pod m<i>-0 per
 world; the largest is LARGEST_STAR worlds (the leader is in every one: spec.py's
@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
+from _kubelet_stand_in import DESCRIBED
 from _operator_scene import GROUP, PLURAL, VERSION, Scene, fail_and_recover, scene, start, wait_for
 from harness.worker_link import WorkerLink
 from kubernetes import client
@@ -72,7 +73,6 @@ QUICK_SIZES = (2, 10)
 FAILURES = 20
 OBJECT_WORLDS = LARGEST_STAR
 MANY, MANY_WORLDS = 200, 4
-KUBELET_START_S = 0.5
 
 REACT_LIMIT_S = 0.3
 WATCH_GROWTH_LIMIT = 2.0
@@ -208,7 +208,7 @@ def cluster_figures(args: Any) -> tuple[str, list[str], list[common.Target], dic
     by_size: dict[int, dict[str, float]] = {}
     with (
         tempfile.TemporaryDirectory(prefix="bench-scale-") as directory,
-        scene(Path(directory), args.credentials, KUBELET_START_S) as the_scene,
+        scene(Path(directory), args.credentials) as the_scene,
     ):
         for worlds in args.sizes:
             by_size[worlds] = measure_size(the_scene, worlds, args.failures)
@@ -231,7 +231,7 @@ def cluster_figures(args: Any) -> tuple[str, list[str], list[common.Target], dic
     ]
     body = [
         f"operator: `multiworld operator` in its own process, as {credentials}\n"
-        f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)\n"
+        f"{DESCRIBED}\n"
         f"MultiWorlds: a leader in every world w<i>, one exclusive pod m<i>-0 per world; "
         f"{args.failures} failures per size",
         common.table(

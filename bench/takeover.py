@@ -33,14 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
-from _kubelet_stand_in import StandInKubelet
+from _kubelet_stand_in import DESCRIBED, StandInKubelet
 from _operator_scene import cluster_module, new_namespace, star, support, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 FAULTS = {"graceful": signal.SIGTERM, "killed": signal.SIGKILL}
 WORLDS = 2
-KUBELET_START_S = 0.5
 POLL_S = 0.05
 # Long enough for a fresh replica to import the operator and list the MultiWorlds.
 STANDBY_WARM_S = 5.0
@@ -79,7 +78,7 @@ def scene(directory: Path, lease_duration_s: int) -> Iterator[Scene]:
             )
             namespace = new_namespace(cluster, api, "bench")
             loaded = common.machine_load()
-            with StandInKubelet(api, namespace, KUBELET_START_S) as kubelet:
+            with StandInKubelet(api, namespace) as kubelet:
                 kube = support.KubeNamespace(api, namespace)
                 yield Scene(api, release, kube, kubelet, directory, lease_duration_s, loaded)
     finally:
@@ -168,8 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     setup = (
         f"replicas: two `multiworld operator --leader-election --lease-duration {args.lease_duration}` "
-        "processes, as the chart's ServiceAccount\n"
-        f"kubelet: a stand-in (status patches; a container 'starts' {KUBELET_START_S:g} s after its pod appears)"
+        "processes, as the chart's ServiceAccount\n" + DESCRIBED
     )
     common.report(
         "operator: a standby's takeover, graceful (SIGTERM) and killed (SIGKILL) (real kube-apiserver)",

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,6 +304,10 @@ def manifest(
 
 
 # The seed topology: a leader shared by two worlds, each with two exclusive workers.
+# The pods of two_worlds() under its default name.
+TWO_WORLDS_PODS = frozenset({"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"})
+
+
 def two_worlds(name: str = "mw", policy: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
     return manifest(
         name, {"leader": 1, "a": 2, "b": 2}, {"wa": ["leader", "a"], "wb": ["leader", "b"]}, policy, **kwargs
@@ -410,7 +414,7 @@ class KubeNamespace:
 
         return wait_for(f"world {world} of {self.namespace}/{name}: {what}", probe)
 
-    def wait_pods(self, names: set[str], name: str = "mw") -> dict[str, client.V1Pod]:
+    def wait_pods(self, names: Set[str], name: str = "mw") -> dict[str, client.V1Pod]:
         def exactly() -> dict[str, client.V1Pod] | None:
             pods = self.pods(name)
             return pods if set(pods) == names else None

@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
 from operator_support import (
+    TWO_WORLDS_PODS,
     Kubelet,
     KubeNamespace,
     OperatorReplica,
@@ -36,7 +37,7 @@ from operator_support import (
 
 pytestmark = pytest.mark.kube
 
-PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
+PODS = TWO_WORLDS_PODS
 # How long a frozen leader's standby is watched for acting (it must not): well within any
 # Lease duration used here, so the standby cannot have taken the Lease meanwhile.
 STANDBY_WATCHED_S = 8.0

@@ -6,6 +6,7 @@ Every check reads what a user would: kubectl, pod logs, pod uids, the MultiWorld
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -74,10 +75,16 @@ def _ready_operator_pod(cluster: Cluster, operator: Operator) -> client.V1Pod | 
     return None
 
 
-def _apply(cluster: Cluster, operator: Operator, tmp_path: Path, name: str, example: str = "all_gather") -> Path:
-    path = example_manifest(example, name, tmp_path)
+@contextlib.contextmanager
+def _applied(cluster: Cluster, operator: Operator, kube: KubeNamespace, path: Path, name: str) -> Iterator[None]:
+    """The manifest at `path` applied for the block; then its MultiWorld deleted and its pods
+    gone, so the next test has the node's cores."""
     kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
-    return path
+    try:
+        yield
+    finally:
+        kubectl(cluster, "delete", "mw", name, "-n", operator.apps, "--wait=false")
+        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
 
 
 @pytest.fixture
@@ -88,15 +95,13 @@ def all_gather(
     and the leader stepping in both (its log shows them); deleted afterwards (and its pods gone,
     so the next test has the node's cores)."""
     name = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
-    _apply(kube_node, operator, tmp_path, name)
-    _wait_running(kube, name, {"world1": 1, "world2": 1})
-    # Stepping in both worlds: a failure now breaks worlds in use (before its first step, the
-    # leader would take world1 up at its new epoch without ever seeing it break).
-    for world in ("world1", "world2"):
-        _wait_log(kube_node, operator, f"{name}-leader-0", f"rank: 0 from {world} has gathered tensors: ")
-    yield name
-    kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
-    wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
+    with _applied(kube_node, operator, kube, example_manifest("all_gather", name, tmp_path), name):
+        _wait_running(kube, name, {"world1": 1, "world2": 1})
+        # Stepping in both worlds: a failure now breaks worlds in use (before its first step, the
+        # leader would take world1 up at its new epoch without ever seeing it break).
+        for world in ("world1", "world2"):
+            _wait_log(kube_node, operator, f"{name}-leader-0", f"rank: 0 from {world} has gathered tensors: ")
+        yield name
 
 
 def _wait_running(kube: KubeNamespace, name: str, epochs: dict[str, int]) -> dict[str, Any]:
@@ -471,13 +476,9 @@ def test_a_manifest_without_the_worker_serviceaccount_runs(
     manifest = yaml.safe_load(path.read_text())
     del manifest["spec"]["template"]["spec"]["serviceAccountName"]
     path.write_text(yaml.safe_dump(manifest))
-    kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
-    try:
+    with _applied(kube_node, operator, kube, path, name):
         _wait_running(kube, name, {"world1": 1, "world2": 1})
         assert {p.spec.service_account_name for p in kube.pods(name).values()} == {"default"}
-    finally:
-        kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
-        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
 
 
 def test_a_hostile_worker_pod_breaks_nothing(
@@ -507,9 +508,8 @@ def test_a_hostile_worker_pod_breaks_nothing(
     }  # fmt: skip
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(manifest))
-    kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
     attacker = f"{name}-attacker-0"
-    try:
+    with _applied(kube_node, operator, kube, path, name):
         _wait_running(kube, name, {"victim": 1, "own": 1})
         log = _wait_log(kube_node, operator, attacker, "attack network policy:")
         for attack in ("patch", "decoy table", "network policy"):
@@ -533,9 +533,6 @@ def test_a_hostile_worker_pod_breaks_nothing(
         # What the worker could not do, someone who may: the operator restores the NetworkPolicy.
         kubectl(kube_node, "delete", "networkpolicy", name, "-n", operator.apps)
         wait_for(f"the NetworkPolicy {name} restored", lambda: kube.network_policy(name), WAIT_S)
-    finally:
-        kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
-        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
 
 
 def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
@@ -557,8 +554,7 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
     (w1,) = [m for m in manifest["spec"]["members"] if m["name"] == "w1"]
     w1["template"] = gpu
     path.write_text(yaml.safe_dump(manifest))
-    kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
-    try:
+    with _applied(kube_node, operator, kube, path, name):
         kube.wait_world("world2", lambda s: s["phase"] == "Running", "Running", name=name)
         waiting = kube.wait_world("world1", lambda s: len(s.get("waiting") or {}) == 2, "waiting for w1", name=name)
         world1 = waiting["worlds"]["world1"]
@@ -569,9 +565,6 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
         assert world1["phase"] == "Pending" and world1["restarts"] == 0 and world1["epoch"] == 1, world1
         assert [e.reason for e in kube.events(name)].count("WorldWaiting") == 1
         assert kube.status(name)["worlds"]["world2"]["phase"] == "Running"
-    finally:
-        kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
-        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
 
 
 def _spares_ready(kube: KubeNamespace, name: str, member: str, count: int) -> dict[str, client.V1Pod]:
@@ -603,8 +596,7 @@ def test_warm_spares_take_a_killed_members_place(
     rollout puts the last pod of the old template onto the warm spare of the new one."""
     name = "spares"
     path = example_manifest("all_gather", name, tmp_path, spares={"w1": 1})
-    kubectl(kube_node, "apply", "-n", operator.apps, "-f", str(path))
-    try:
+    with _applied(kube_node, operator, kube, path, name):
         _wait_running(kube, name, {"world1": 1, "world2": 1})
         spares = _spares_ready(kube, name, "w1", 1)
         assert sorted(spares) == [f"{name}-w1-spare-a"]
@@ -674,6 +666,3 @@ def test_warm_spares_take_a_killed_members_place(
         assert len(updated) == 1 and f"pod {name}-w1-0 " in updated[0], updated
         _wait_log(kube_node, operator, warm, "rank: 1 has tensor")
         _assert_world2_untouched(kube_node, operator, kube, name)
-    finally:
-        kubectl(kube_node, "delete", "mw", name, "-n", operator.apps, "--wait=false")
-        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)

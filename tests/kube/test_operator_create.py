@@ -8,11 +8,11 @@ import json
 
 import pytest
 from kubernetes.client.rest import ApiException
-from operator_support import Scene, created_for, env_of, printer_columns, two_worlds, wait_for
+from operator_support import TWO_WORLDS_PODS, Scene, created_for, env_of, printer_columns, two_worlds, wait_for
 
 pytestmark = pytest.mark.kube
 
-PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
+PODS = TWO_WORLDS_PODS
 
 
 def gpu_template() -> dict:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
-from operator_support import KubeNamespace, Scene, cluster_release, manifest, two_worlds, wait_for
+from operator_support import TWO_WORLDS_PODS, KubeNamespace, Scene, cluster_release, manifest, two_worlds, wait_for
 
 pytestmark = pytest.mark.kube
 
-PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
+PODS = TWO_WORLDS_PODS
 
 
 def test_adding_a_world_leaves_running_pods_alone(scene: Scene) -> None:

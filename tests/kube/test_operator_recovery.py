@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 from harness.worker_link import WorkerLink
-from operator_support import KubeNamespace, Scene, created_for, two_worlds, wait_for
+from operator_support import TWO_WORLDS_PODS, KubeNamespace, Scene, created_for, two_worlds, wait_for
 
 from multiworld.contract import BrokenWorldReport
 from multiworld_operator.kube.controller import RESYNC_S
 
 pytestmark = pytest.mark.kube
 
-PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
+PODS = TWO_WORLDS_PODS
 B_PODS = {"mw-b-0", "mw-b-1"}
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 from multiworld_test_cluster import Cluster
 from operator_support import (
+    TWO_WORLDS_PODS,
     Kubelet,
     KubeNamespace,
     cluster_release,
@@ -22,7 +23,7 @@ from operator_support import (
 
 pytestmark = pytest.mark.kube
 
-PODS = {"mw-leader-0", "mw-a-0", "mw-a-1", "mw-b-0", "mw-b-1"}
+PODS = TWO_WORLDS_PODS
 # What a failure of mw-a-0 replaces: only that pod (its live peer mw-a-1 stays).
 REPLACED = {"mw-a-0"}
 
