@@ -12,8 +12,9 @@ members at one compute thread each:
             time (--warmup + --steady seconds after every world first ran) the bench rewrites the
             run's manifest file, adding the env var ROLLOUT=1 to every replica member's template
             (not the router's); `multiworld run` applies the edit and rolls it out pod by pod
-            (spec.updateStrategy's default maxUnavailable 1: each replica pod is replaced by a
-            ready warm spare of its new template and its world moves one epoch). The stream goes
+            (spec.updateStrategy's defaults, maxUnavailable 1 and maxSurge 1: the new template's
+            spares start one at a time, and each replica pod is replaced by a ready one and its
+            world moves one epoch). The stream goes
             on for (N + 1) x --every seconds after the edit. The same figures as for kills, with
             each replaced replica a "rollout event" in place of a kill.
 Clocks (wall clock, one machine):

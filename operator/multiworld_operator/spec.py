@@ -278,6 +278,14 @@ class UpdateStrategy(_SpecModel):
         description="Most member pods not ready at once (for any cause) while old pods are replaced; a world "
         "whose old pods all fit moves once.",
     )
+    max_surge: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PODS,
+        description="Most warm spares starting at once while a rollout runs (until every member keeps its spares of "
+        "the new template again); members with old pods get theirs first. More rolls faster where the machines "
+        "have room; each starting spare loads its program beside the serving pods.",
+    )
     paused: bool = Field(default=False, description="true holds the rollout: no old pod is replaced for it.")
 
 

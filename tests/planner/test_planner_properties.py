@@ -419,9 +419,10 @@ def test_spec_edits_touch_only_what_changed(pair: tuple[MultiWorld, MultiWorld])
     check_idempotent(sim, sim.observation(), result)
 
 
-def edit_templates(sim: Sim, edited: list[int], room: int) -> set[str]:
+def edit_templates(sim: Sim, edited: list[int], room: int, surge: int = 1) -> set[str]:
     """Bring the MultiWorld up with every pool full, then give the members `edited` (indexes,
-    wrapping) a new template with `maxUnavailable: room`; the names of those members."""
+    wrapping) a new template with `maxUnavailable: room` and `maxSurge: surge`; the names of
+    those members."""
     for _ in range(4):
         sim.settle()
         sim.start_all()
@@ -432,7 +433,7 @@ def edit_templates(sim: Sim, edited: list[int], room: int) -> set[str]:
     for member in data["spec"]["members"]:
         if member["name"] in changed:
             member["template"] = {"spec": {"containers": [{"name": "c", "image": "new"}]}}
-    data["spec"]["updateStrategy"] = {"maxUnavailable": room}
+    data["spec"]["updateStrategy"] = {"maxUnavailable": room, "maxSurge": surge}
     sim.mw = MultiWorld.model_validate(data)
     return changed
 
@@ -449,20 +450,25 @@ def rolled_within(result: Plan, room: int) -> None:
     mw=topologies(),
     edited=st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
     room=st.integers(1, 3),
+    surge=st.integers(1, 3),
 )
 def test_a_rollout_replaces_each_old_pod_once_within_its_room_and_restarts_nothing(
-    mw: MultiWorld, edited: list[int], room: int
+    mw: MultiWorld, edited: list[int], room: int, surge: int
 ) -> None:
     """Any members' templates edited on a running MultiWorld: every pod of an edited member is
     replaced once by one of its new template, never more than `maxUnavailable` pods at a time
-    are replaced, no restart is counted, no pod of an unedited member moves, and every world
-    runs again."""
+    are replaced and never more than `maxSurge` spares start at once, no restart is counted, no
+    pod of an unedited member moves, and every world runs again with every pool full and the
+    rollout complete."""
     sim = Sim(mw)
-    changed = edit_templates(sim, edited, room)
+    changed = edit_templates(sim, edited, room, surge)
     replaced: list[str] = []
     for _ in range(40):
         result = sim.step()
         rolled_within(result, room)
+        # Every pod runs after each step (start_all): what a step creates is all that starts.
+        spares = [c.pod for c in result.creates if c.spare]
+        assert len(spares) <= surge, spares
         replaced += [d.pod for d in result.deletes if d.reason.startswith("rolling out")]
         replaced += [a.plays for a in result.assigns]
         sim.start_all()
@@ -471,6 +477,9 @@ def test_a_rollout_replaces_each_old_pod_once_within_its_room_and_restarts_nothi
     assert sorted(replaced) == sorted(expected), (replaced, expected)
     assert sim.status.updated == f"{len(sim.mw.all_pods())}/{len(sim.mw.all_pods())}"
     assert all(w.phase == "Running" for w in sim.status.worlds.values()), sim.status.worlds
+    assert all(ready == wanted for ready, wanted in (s.split("/") for s in sim.status.spares.values()))
+    progressing = sim.status.condition("Progressing")
+    assert progressing is not None and progressing.reason == "RolloutComplete", progressing
 
 
 @SETTINGS

@@ -655,15 +655,8 @@ def test_the_view_is_what_kubectl_shows_and_no_more() -> None:
     assert sim.status is not None
     view = sim.status.view()
     assert set(view) == {"phase", "observedGeneration", "worldsReady", "restarts", "worlds", "conditions", "updated"}
-    assert set(view["worlds"]["world2"]) == {
-        "phase",
-        "epoch",
-        "size",
-        "readyRanks",
-        "restarts",
-        "lastFailure",
-        "restartAt",
-    }
+    backing_off_shows = {"phase", "epoch", "size", "readyRanks", "restarts", "lastFailure", "restartAt"}
+    assert set(view["worlds"]["world2"]) == backing_off_shows
     assert "waiting" not in view["worlds"]["world1"]  # shown only while a world waits
     # The CRD's status schema is generated from StatusView: the view is one of its instances.
     assert StatusView.model_validate(view).worlds["world2"].restart_at == sim.status.worlds["world2"].restart_at
@@ -1059,6 +1052,64 @@ def test_a_ready_spare_of_the_new_template_plays_the_rolled_pod() -> None:
     assert [plays for plays, _ in assigns] == [W1_0, W1_1], assigns
     assert creates == [], "a w1 pod was made although spares of the new template played"
     assert sim.status is not None and sim.status.updated == "4/4" and sim.status.spares == {"w1": "1/1"}
+
+
+def two_spared_members(template: dict[str, Any] | None = None, **strategy: Any) -> MultiWorld:
+    """A leader and members r1, r2 (one warm spare each), a world of each with the leader."""
+    extra: dict[str, Any] = {"template": template} if template else {}
+    members: list[dict[str, Any]] = [
+        {"name": "leader"},
+        {"name": "r1", "spares": 1, **extra},
+        {"name": "r2", "spares": 1, **extra},
+    ]
+    worlds = [{"name": "world1", "ranks": ["leader", "r1"]}, {"name": "world2", "ranks": ["leader", "r2"]}]
+    spec: dict[str, Any] = {"updateStrategy": strategy} if strategy else {}
+    return make(members, worlds, **spec)
+
+
+def spare_starts(sim: Sim, rounds: int = 16) -> list[tuple[list[str], list[str], str | None]]:
+    """Step and start pods until nothing is left to do: per step, the members whose spares it
+    created, the pods spares played, and the Progressing reason."""
+    steps = []
+    for _ in range(rounds):
+        result = sim.step()
+        progressing = result.status.condition("Progressing")
+        steps.append(
+            (
+                [c.member for c in result.creates if c.spare],
+                [a.plays for a in result.assigns],
+                progressing.reason if progressing else None,
+            )
+        )
+        sim.start_all()
+    return steps
+
+
+def test_a_rollout_starts_max_surge_spares_at_once_old_members_first_refills_included() -> None:
+    """maxSurge 1 (the default): one spare of the new template starts at a time, each member with
+    old pods before any refill; the rollout runs (Progressing RollingOut) until the pools are
+    full again. maxSurge 2: both members' spares start at once."""
+    sim = Sim(two_spared_members())
+    sim.settle()
+    sim.start_all()
+    sim.step()
+    assert sim.status is not None and sim.status.spares == {"r1": "1/1", "r2": "1/1"}
+    sim.mw = two_spared_members(NEW_IMAGE)
+    steps = spare_starts(sim)
+    started = [member for created, _, _ in steps for member in created]
+    played = [pod for _, plays, _ in steps for pod in plays]
+    assert all(len(created) <= 1 for created, _, _ in steps), steps
+    assert started == ["r1", "r2", "r1", "r2"] and played == ["mw-r1-0", "mw-r2-0"], steps
+    last_start = max(i for i, (created, _, _) in enumerate(steps) if created)
+    assert all(reason == "RollingOut" for _, _, reason in steps[: last_start + 1]), steps
+    assert steps[-1][2] == "RolloutComplete" and sim.status.spares == {"r1": "1/1", "r2": "1/1"}
+
+    sim = Sim(two_spared_members(maxSurge=2))
+    sim.settle()
+    sim.start_all()
+    sim.step()
+    sim.mw = two_spared_members(NEW_IMAGE, maxSurge=2)
+    assert spare_starts(sim)[0][0] == ["r1", "r2"]
 
 
 def test_a_pod_that_finishes_after_its_world_ran_at_the_epoch_is_not_replaced() -> None:

@@ -19,7 +19,8 @@ docstring of the part that implements it:
 - Rollout (rollout.py): pods of an older member template are replaced, `maxUnavailable` at a
   time, a whole world at once where it fits; a failing pod of the new template halts it.
 - Warm spares (spares.py): a member pod that needs a new instance is played by a ready spare of
-  its member's current template; the pool refills once the member pods have joined.
+  its member's current template; the pool refills once the member pods have joined (while a
+  rollout runs, `maxSurge` spares at a time).
 
 `plan()` runs one `Step` (step.py: the working state every part reads and adds to) through the
 parts in the order below; readiness.py says how far each world has come, table.py makes the
@@ -38,7 +39,7 @@ from .outcome import next_status, requeue_after
 from .pods import reconcile_pods
 from .readiness import count_ready, finish_worlds
 from .recovery import recover
-from .rollout import roll_out
+from .rollout import roll_out, rollout_surge
 from .spares import assign_spares, keep_spares
 from .spec_edits import apply_spec
 from .status import MultiWorldStatus
@@ -73,7 +74,7 @@ def plan(
     assign_spares(step)
     table = build_table(step)
     reconcile_pods(step, table)
-    keep_spares(step)
+    keep_spares(step, rollout_surge(step))
     count_ready(step)
     actions: list[Action] = [*step.deletes, *step.assigns]
     if table != step.previous.table:

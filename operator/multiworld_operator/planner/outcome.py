@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from multiworld.contract import WorldTable
 
 from .recovery import join_deadline, silent
-from .rollout import updated_counts
+from .rollout import refilling, updated_counts
 from .spares import ready_spares, spares_wanted
 from .status import Condition, ConditionStatus, MultiWorldStatus, Phase
 from .step import Step
@@ -92,10 +92,16 @@ def requeue_after(step: Step) -> float | None:
 def _progressing(step: Step, updated: dict[str, tuple[int, int]]) -> Condition | None:
     """While a rollout runs (or one ran before): what it does now."""
     rolling = [m for m, (new, total) in updated.items() if new < total]
-    if not rolling and step.previous.condition("Progressing") is None:
+    if not rolling and not step.rolled_out and step.previous.condition("Progressing") is None:
         return None
+    short = {} if rolling else refilling(step)
+    if short:
+        left = ", ".join(f"{m} {ready}/{wanted}" for m, (ready, wanted) in short.items())
+        return _condition(step, "Progressing", True, "RollingOut", f"warm spares of the new template: {left}")
     if not rolling:
-        return _condition(step, "Progressing", False, "RolloutComplete", "every pod is of its member's template")
+        return _condition(
+            step, "Progressing", False, "RolloutComplete", "every pod and warm spare is of its member's template"
+        )
     halted = [f"{m}: {step.halted[m].reason}" for m in rolling if m in step.halted]
     if halted:
         return _condition(step, "Progressing", False, "RolloutHalted", "; ".join(halted))

@@ -7,12 +7,15 @@
   counted). `paused` holds it. A pod of the new template that fails while old pods remain stops
   the rollout of its member (the failure policy counts as for any failure) until the member's
   template changes again.
+- A rollout runs while a member pod is of an older template, and then until every member keeps
+  its warm spares of the new template again (the refills are part of it: Progressing stays
+  RollingOut). Meanwhile at most `maxSurge` spares start at once (spares.py).
 """
 
 from __future__ import annotations
 
 from .model import PodObservation
-from .spares import ready_spares
+from .spares import Surge, ready_spares, short_of_spares
 from .status import PodRecord, RolloutHalt
 from .step import Step
 
@@ -51,6 +54,23 @@ def roll_out(step: Step) -> None:
     updating: set[str] = set()  # worlds the rollout moved to a new epoch in this step
     for pod in chosen:
         _update(step, pod, updating)
+
+
+def refilling(step: Step) -> dict[str, tuple[int, int]]:
+    """After its last pod was replaced, a rollout (the last status said RollingOut, or this step
+    replaced pods for it) runs on while members are short of spares of their new template:
+    those, with (ready, wanted)."""
+    previous = step.previous.condition("Progressing")
+    running = step.rolled_out or (previous is not None and previous.status == "True")
+    return short_of_spares(step) if running else {}
+
+
+def rollout_surge(step: Step) -> Surge | None:
+    """While a rollout runs: its bound on spares starting at once, members with old pods first."""
+    rolling = {step.mw.member_of_pod(pod)[0] for pod in step.pods if _outdated(step, pod)}
+    if not rolling and not refilling(step):
+        return None
+    return Surge(at_once=step.mw.spec.update_strategy.max_surge, first=rolling)
 
 
 def halt_if_new_template_failed(step: Step, pod: str, record: PodRecord, seen: PodObservation | None) -> None:
@@ -96,6 +116,7 @@ def _update(step: Step, pod: str, updating: set[str]) -> None:
     member = step.mw.member_of_pod(pod)[0]
     instance = record.spare or pod
     step.replaced[pod] = f"rolling out member {member}'s new template"
+    step.rolled_out.append(pod)
     step.event("Normal", "PodUpdated", None, f"pod {instance} replaced by one of member {member}'s new template")
     for world in step.pod_worlds[pod]:
         state = step.worlds[world]

@@ -6,15 +6,28 @@
   created as without spares. A spare plays one member pod for the rest of its life, keeps its
   own name, and takes that pod's ranks in the table. The pool refills once every member pod of a
   world that is up has joined it (spares would compete with them for the machine); spares of an
-  older template, or beyond the count, are deleted.
+  older template, or beyond the count, are deleted. While a rollout runs, at most
+  `updateStrategy.maxSurge` spares start at once, those of members with old pods first
+  (rollout.py says when a rollout runs).
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
 
 from ..spec import spare_name
 from .model import AssignSpare, CreatePod, DeletePod
 from .status import UP_PHASES, PodRecord, SpareRecord
 from .step import Step
+
+
+@dataclass(frozen=True)
+class Surge:
+    """A running rollout's bound on spares starting at once, and the members served first."""
+
+    at_once: int
+    first: Collection[str]
 
 
 def ready_spares(step: Step, member: str) -> int:
@@ -54,10 +67,16 @@ def assign_spares(step: Step) -> None:
         step.event("Normal", "SpareAssigned", None, f"warm spare {spare} plays {pod} (worlds {', '.join(worlds)})")
 
 
-def keep_spares(step: Step) -> None:
+def short_of_spares(step: Step) -> dict[str, tuple[int, int]]:
+    """Members with fewer ready spares of their current template than they keep: (ready, wanted)."""
+    counts = {m.name: (ready_spares(step, m.name), spares_wanted(step, m.name)) for m in step.mw.spec.members}
+    return {m: (ready, wanted) for m, (ready, wanted) in counts.items() if ready < wanted}
+
+
+def keep_spares(step: Step, surge: Surge | None) -> None:
     """Each member's pool holds `spares` spares of its current template: gone or ended ones
     are dropped, outdated or surplus ones deleted, missing ones created (once no member pod
-    is starting)."""
+    is starting; with `surge`, no more than it allows starting at once)."""
     members = {m.name: m for m in step.mw.spec.members}
     wanted = {name: spares_wanted(step, name) for name, m in members.items() if m.spares}
     kept: dict[str, list[str]] = {name: [] for name in members}
@@ -88,8 +107,16 @@ def keep_spares(step: Step) -> None:
     missing = {member: count - len(kept[member]) for member, count in wanted.items() if count > len(kept[member])}
     if not missing or _member_pods_starting(step):
         return
+    room = sum(missing.values())
+    if surge is not None:
+        starting = sum(not _ready_spare(step, name, spare, spare.member) for name, spare in step.pool.items())
+        room = min(room, surge.at_once - starting)
+        missing = dict(sorted(missing.items(), key=lambda item: item[0] not in surge.first))
     for member_name, count in missing.items():
         for _ in range(count):
+            if room <= 0:
+                return
+            room -= 1
             name = spare_name(step.mw.name, member_name, step.spare_serial)
             step.pool[name] = SpareRecord(
                 member=member_name, template=step.mw.template_digest(member_name), serial=step.spare_serial

@@ -53,6 +53,8 @@ class Step:
     events: list[EmitEvent] = field(init=False, default_factory=list)
     # Member pods whose instance this step replaces, with why (recovery, rollout).
     replaced: dict[str, str] = field(init=False, default_factory=dict)
+    # Member pods this step replaces for the rollout.
+    rolled_out: list[str] = field(init=False, default_factory=list)
 
     # Per pod: the record last compared with its observed instance, and whether they match.
     # A pod shared by every world carries a stamp per world: comparing it once per world would
