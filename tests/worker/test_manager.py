@@ -87,9 +87,9 @@ def test_a_replaced_instance_never_takes_its_pods_rank_again(table_server) -> No
     epoch2.worlds[0].instances.update({"p0": 1, "p1": 2})
     try:
         old.apply(epoch2)
-        assert old._held.joins == {} and old.worlds() == {}
+        assert old.status().joining == {} and old.worlds() == {}
         new.apply(epoch2)
-        assert set(new._held.joins) == {"w"}
+        assert set(new.status().joining) == {"w"}
     finally:
         old.close()
         new.close()
@@ -128,7 +128,7 @@ def test_following_a_table_a_timed_out_join_goes_on_waiting(table_server) -> Non
             "a timed-out join reported",
         )
         time.sleep(1.5)  # another timeout or two pass: still waiting, at the same epoch
-        assert first.worlds() == {} and set(first._held.joins) == {"w"}
+        assert first.worlds() == {} and set(first.status().joining) == {"w"}
         late = mw.WorldManager(pod="p1", config=FAST, channel=open_channel(table_server.url, "p1"))
         worlds = [m.wait_world_blocking("w", timeout=60) for m in (first, late)]
         assert [w.epoch for w in worlds] == [1, 1]
@@ -157,7 +157,7 @@ def test_a_failed_rank0_join_stops_the_store_it_started(ending: str) -> None:
     )
     manager = mw.WorldManager(pod="p0", config=config)
     try:
-        join = manager._joiner.start(mw.WorldAssignment(name="w", rank=0, size=2, host="127.0.0.1", port=port))
+        (join,) = manager.start_joins([mw.WorldAssignment(name="w", rank=0, size=2, host="127.0.0.1", port=port)])
         deadline = time.monotonic() + 30
         while _port_free(port) and time.monotonic() < deadline:  # the store serves: its peer never comes
             time.sleep(0.05)
@@ -209,7 +209,7 @@ def test_the_runners_store_port_is_no_port_the_kernel_hands_out(tmp_path: Path) 
         with pytest.raises(mw.JoinTimedOut):
             leader.join(assigned(0, 1), config=impatient)
         for epoch in (2, 3):
-            joins = [m._joiner.start(assigned(rank, epoch)) for rank, m in enumerate((leader, peer))]
+            joins = [join for rank, m in enumerate((leader, peer)) for join in m.start_joins([assigned(rank, epoch)])]
             assert all(join.done.wait(60) for join in joins)
             worlds = [join.result() for join in joins]
             assert asyncio.run(all_reduce_pair(*worlds)) == [3.0] * 4
