@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -69,8 +70,9 @@ def assign_spares(step: Step) -> None:
 
 def short_of_spares(step: Step) -> dict[str, tuple[int, int]]:
     """Members with fewer ready spares of their current template than they keep: (ready, wanted)."""
-    counts = {m.name: (ready_spares(step, m.name), spares_wanted(step, m.name)) for m in step.mw.spec.members}
-    return {m: (ready, wanted) for m, (ready, wanted) in counts.items() if ready < wanted}
+    ready = Counter(spare.member for name, spare in step.pool.items() if _ready_spare(step, name, spare, spare.member))
+    wanted = {m.name: spares_wanted(step, m.name) for m in step.mw.spec.members if m.spares}
+    return {m: (ready[m], count) for m, count in wanted.items() if ready[m] < count}
 
 
 def keep_spares(step: Step, surge: Surge | None) -> None:
