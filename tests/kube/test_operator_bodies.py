@@ -31,10 +31,10 @@ OWNER = "uid-of-mw"
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
 
-def star(worlds: list[str]) -> MultiWorld:
+def star(worlds: list[str], name: str = "mw") -> MultiWorld:
     """Every world's rank 0 is the same leader pod."""
     members = {"leader": 1, **{f"m-{w}": 1 for w in worlds}}
-    return parse_manifest(manifest("mw", members, {w: ["leader", f"m-{w}"] for w in worlds}))
+    return parse_manifest(manifest(name, members, {w: ["leader", f"m-{w}"] for w in worlds}))
 
 
 def table_of(multiworld: MultiWorld, ports: dict[str, int]) -> MultiWorldStatus:
@@ -59,13 +59,19 @@ def test_ports_distinct_on_a_shared_rank0_and_stable_across_edits(first: list[st
 
 def test_colliding_world_takes_the_next_free_port() -> None:
     multiworld = star(["alpha", "beta"])
-    previous = table_of(multiworld, {"alpha": preferred_port("beta"), "beta": preferred_port("beta")}).table
+    beta = preferred_port(multiworld, "beta")
+    previous = table_of(multiworld, {"alpha": beta, "beta": beta}).table
     # beta's own spot is held by alpha (kept from the previous table): beta moves one up.
     ports = world_ports(multiworld, previous.model_copy(update={"worlds": previous.worlds[:1]}))
-    assert ports == {
-        "alpha": preferred_port("beta"),
-        "beta": PORT_BASE + (preferred_port("beta") - PORT_BASE + 1) % PORT_SPAN,
-    }
+    assert ports == {"alpha": beta, "beta": PORT_BASE + (beta - PORT_BASE + 1) % PORT_SPAN}
+
+
+def test_worlds_named_alike_in_two_multiworlds_prefer_different_ports() -> None:
+    """Pods of hostNetwork share their node's ports: world1 of one MultiWorld must not take
+    world1's port of every other MultiWorld on the node."""
+    worlds = ["world1", "world2"]
+    ports = [world_ports(star(worlds, name), None) for name in ("mw", "other")]
+    assert all(ports[0][w] != ports[1][w] for w in worlds), ports
 
 
 def pod(name: str, phase: str = "Running", owner: str = OWNER, **meta: object) -> dict:

@@ -3,7 +3,9 @@
 Rank 0 of a world hosts its store on `<rank0 pod>.<mw>:<port>`. Ports must differ between
 worlds whose rank 0 is the same pod, and a world should keep its port across spec edits and
 epochs. So a world keeps the port the previous world table gave it while that stays free on its
-rank-0 pod; a world without one takes the first free port from a spot derived from its name.
+rank-0 pod; a world without one takes the first free port from a spot derived from its
+MultiWorld's namespace and name and its own name: pods of `hostNetwork` share their node's
+ports, and many MultiWorlds name their worlds alike ("world1").
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from multiworld.contract import WorldTable
 from ..spec import PORT_BASE, PORT_SPAN, MultiWorld
 
 
-def preferred_port(world: str) -> int:
-    digest = hashlib.sha256(world.encode()).digest()
+def preferred_port(multiworld: MultiWorld, world: str) -> int:
+    key = f"{multiworld.metadata.namespace or ''}/{multiworld.metadata.name}/{world}"
+    digest = hashlib.sha256(key.encode()).digest()
     return PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
 
 
@@ -35,7 +38,7 @@ def world_ports(multiworld: MultiWorld, previous: WorldTable | None) -> dict[str
     for world, pod in rank0.items():
         if world in ports:
             continue
-        offset = preferred_port(world) - PORT_BASE
+        offset = preferred_port(multiworld, world) - PORT_BASE
         while PORT_BASE + offset in taken[pod]:
             offset = (offset + 1) % PORT_SPAN
         ports[world] = PORT_BASE + offset
