@@ -6,13 +6,17 @@ epoch with every rank joined, the other world saw zero errors, and no process ou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import zlib
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,8 @@ def manifest(
     return path
 
 
+# The pods of SEED, without the run's name.
+POD_NAMES = ["leader-0", "w1-0", "w1-1", "w2-0", "w2-1"]
 SEED: dict[str, Any] = dict(
     members=[{"name": "leader"}, {"name": "w1", "replicas": 2}, {"name": "w2", "replicas": 2}],
     worlds=[{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["leader", "w2"]}],
@@ -326,3 +332,61 @@ def test_an_edited_template_rolls_out_pod_by_pod_while_the_run_goes_on(tmp_path)
     assert (world1["phase"], world1["epoch"], world1["failures"]) == ("Running", 3, 0), err
     assert (world2["epoch"], world2["failures"], world2["errors"]) == (1, 0, 0), err
     assert [starts(tmp_path, pod) for pod in ("leader-0", "w1-0", "w1-1", "w2-0")] == [1, 2, 2, 1], err
+
+
+def unheld_block(count: int) -> int:
+    """The first of `count` consecutive ports nothing on this machine holds now, between the
+    store ports (20000-29999) and the kernel's ephemeral ones."""
+    for base in random.sample(range(30000, 32768 - count), 200):
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + count):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {count} consecutive free ports in 30000-32767")
+
+
+def test_every_process_of_a_run_serves_its_metrics_on_its_own_port(tmp_path):
+    """The template asks for metrics on port P: the five pods, all on this machine, serve them on
+    P..P+4 (one line says each), the worlds run, and a killed w1-1 comes back on its own port."""
+    path = manifest(tmp_path, **SEED)
+    doc = yaml.safe_load(path.read_text())
+    base = unheld_block(len(POD_NAMES))
+    doc["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "MULTIWORLD_METRICS_PORT", "value": str(base)}]
+    path.write_text(yaml.safe_dump(doc))
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
+         "--log-dir", str(tmp_path / "logs"), "--kill", "w1:1", "--after", "5", "--duration", "25"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+
+    def scrape(port: int) -> bytes | None:
+        with contextlib.suppress(OSError):
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+        return None
+
+    ports = range(base, base + len(POD_NAMES))  # the pods start in the spec's order
+    try:
+        scraped: dict[int, bytes] = {}
+        deadline = time.monotonic() + 20
+        while len(scraped) < len(ports) and time.monotonic() < deadline:
+            scraped |= {port: body for port in ports if (body := scrape(port)) is not None}
+            time.sleep(0.5)
+        w1_1 = base + POD_NAMES.index("w1-1")
+        while not (starts(tmp_path, "w1-1") == 2 and scrape(w1_1)) and time.monotonic() < deadline + 20:
+            time.sleep(0.5)
+        again = scrape(w1_1)
+        out, err = runner.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        runner.kill()
+    said = re.findall(r"pod \S+-(\S+-\d+) serves its metrics on port (\d+)", err)
+    assert sorted(said) == sorted((pod, str(port)) for pod, port in zip(POD_NAMES, ports, strict=True)), err
+    assert sorted(scraped) == list(ports) and all(b"multiworld_worker_joins_total" in b for b in scraped.values()), err
+    assert again is not None and b"multiworld_worker_joins_total" in again, "w1-1's new process serves no metrics"
+    summary = json.loads(out.strip().splitlines()[-1])
+    recovered_once({**summary, "_stderr": err}, "world1")
+    assert summary["worlds"]["world2"]["errors"] == 0 and starts(tmp_path, "w1-1") == 2, err
+    assert "MULTIWORLD_METRICS_PORT" not in err, err

@@ -1,9 +1,12 @@
 """How a local run starts the process of a pod: its member's command (from the pod template),
-the worker contract's environment, the GPU it gets, the folder it runs in and its log."""
+the worker contract's environment, the GPU it gets, its metrics port, the folder it runs in and
+its log."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from multiworld.contract import ENV_METRICS_PORT, metrics_port_from_env
 
 from ..planner import CreatePod
 from ..spec import MultiWorld
@@ -53,9 +56,29 @@ class MemberLauncher:
         self.gpu_envs = gpu_envs
         self.run_env = {RUN_ENV: multiworld}
         self.table_url = ""
+        # Pod -> the port it serves its metrics on (kept across its restarts).
+        self.metrics_ports: dict[str, int] = {}
 
     async def start(self, action: CreatePod) -> MemberProcess:
         argv, env = self.commands[action.member]
         contract = action.worker_env(self.table_url).to_env()
         env = {**self.gpu_envs.get(action.pod, {}), **env, **self.run_env, **contract}
+        port = self._metrics_port(action.pod, env)
+        if port is not None:
+            env[ENV_METRICS_PORT] = str(port)
         return await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir)
+
+    def _metrics_port(self, pod: str, env: dict[str, str]) -> int | None:
+        """Local processes share the machine's ports: a pod whose environment asks for metrics
+        on port P serves them on its own port, the lowest from P up that no other pod of the
+        run has. A bad value is passed on as it is: the worker stops at start naming it."""
+        try:
+            asked = metrics_port_from_env(env)
+        except ValueError:
+            return None
+        if asked is None:
+            return None
+        if pod not in self.metrics_ports:
+            taken = set(self.metrics_ports.values())
+            self.metrics_ports[pod] = next((p for p in range(asked, 65536) if p not in taken), asked)
+        return self.metrics_ports[pod]

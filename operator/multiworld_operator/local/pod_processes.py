@@ -109,7 +109,11 @@ class PodProcesses:
     async def create(self, action: CreatePod) -> None:
         if action.pod in self.procs:
             return
+        known = action.pod in self.launcher.metrics_ports
         proc = await self.launcher.start(action)
+        port = self.launcher.metrics_ports.get(action.pod)
+        if port is not None and not known:
+            self.view.event(f"pod {action.pod} serves its metrics on port {port}")
         self.procs[action.pod] = proc
         self.created_for[action.pod] = dict(action.created_for)
         self.members[action.pod] = (action.member, action.ordinal)
