@@ -349,6 +349,12 @@ def unheld_block(count: int) -> int:
     raise RuntimeError(f"no {count} consecutive free ports in 30000-32767")
 
 
+def joins(exposition: bytes | None, world: str) -> float | None:
+    """multiworld_worker_joins_total of `world` in a worker's metrics page."""
+    found = re.search(rf'^multiworld_worker_joins_total{{world="{world}"}} (\S+)$', (exposition or b"").decode(), re.M)
+    return float(found.group(1)) if found else None
+
+
 def test_every_process_of_a_run_serves_its_metrics_on_its_own_port(tmp_path):
     """The template asks for metrics on port P: the five pods, all on this machine, serve them on
     P..P+4 (one line says each), the worlds run, and a killed w1-1 comes back on its own port."""
@@ -359,7 +365,7 @@ def test_every_process_of_a_run_serves_its_metrics_on_its_own_port(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     runner = subprocess.Popen(
         [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
-         "--log-dir", str(tmp_path / "logs"), "--kill", "w1:1", "--after", "5", "--duration", "25"],
+         "--log-dir", str(tmp_path / "logs"), "--kill", "w1:1", "--after", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
 
@@ -371,14 +377,20 @@ def test_every_process_of_a_run_serves_its_metrics_on_its_own_port(tmp_path):
     ports = range(base, base + len(POD_NAMES))  # the pods start in the spec's order
     try:
         scraped: dict[int, bytes] = {}
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + RUN_TIMEOUT / 2
         while len(scraped) < len(ports) and time.monotonic() < deadline:
             scraped |= {port: body for port in ports if (body := scrape(port)) is not None}
             time.sleep(0.5)
         w1_1 = base + POD_NAMES.index("w1-1")
-        while not (starts(tmp_path, "w1-1") == 2 and scrape(w1_1)) and time.monotonic() < deadline + 20:
+        # world1 back: the leader and w1-0 joined it twice, w1-1's new process once.
+        back = {base: 2, base + POD_NAMES.index("w1-0"): 2, w1_1: 1}
+        while time.monotonic() < deadline:
+            if starts(tmp_path, "w1-1") == 2 and all(joins(scrape(p), "world1") == n for p, n in back.items()):
+                break
             time.sleep(0.5)
         again = scrape(w1_1)
+        time.sleep(2)  # the runner hears the joins and shows world1 Running at epoch 2
+        runner.send_signal(signal.SIGINT)  # what it came for is seen: Ctrl-C ends the run
         out, err = runner.communicate(timeout=RUN_TIMEOUT)
     finally:
         runner.kill()
