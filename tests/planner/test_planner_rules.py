@@ -1112,6 +1112,29 @@ def test_a_rollout_starts_max_surge_spares_at_once_old_members_first_refills_inc
     assert spare_starts(sim)[0][0] == ["r1", "r2"]
 
 
+def test_a_spare_keeping_member_removed_while_a_rollout_refills_goes_with_its_spare() -> None:
+    """The spares of a member the spec drops stay in the pool until that step deletes them:
+    the rollout's count of spares must pass over them."""
+    sim = Sim(two_spared_members())
+    sim.settle()
+    sim.start_all()
+    sim.step()
+    sim.mw = two_spared_members(NEW_IMAGE)
+    for _ in range(16):  # until r2 has a spare of the new template (r1's came first)
+        sim.step()
+        assert sim.status is not None
+        r2_spares = [name for name, spare in sim.status.spare_pool.items() if spare.member == "r2"]
+        if r2_spares:
+            break
+        sim.start_all()
+    assert sim.status is not None and condition(sim.status, "Progressing").reason == "RollingOut"
+    members: list[dict[str, Any]] = [{"name": "leader"}, {"name": "r1", "spares": 1, "template": NEW_IMAGE}]
+    sim.mw = make(members, [{"name": "world1", "ranks": ["leader", "r1"]}])
+    result = sim.step()
+    assert set(r2_spares) <= {d.pod for d in result.deletes}, result.deletes
+    assert set(result.status.spares) == {"r1"}
+
+
 def test_a_pod_that_finishes_after_its_world_ran_at_the_epoch_is_not_replaced() -> None:
     """A finished program leaves its worlds before it exits (its worker shows none joined): in a
     world that ran at its current epoch, that is an end, not a program that left a broken world."""

@@ -11,7 +11,7 @@ from multiworld.contract import WorldTable
 
 from .recovery import join_deadline, silent
 from .rollout import refilling, updated_counts
-from .spares import ready_spares, spares_wanted
+from .spares import spare_counts
 from .status import Condition, ConditionStatus, MultiWorldStatus, Phase
 from .step import Step
 
@@ -66,11 +66,7 @@ def next_status(step: Step, table: WorldTable) -> MultiWorldStatus:
         table=table,
         pods=step.records,
         played_by={pod: r.spare for pod, r in step.records.items() if r.spare},
-        spares={
-            m.name: f"{ready_spares(step, m.name)}/{spares_wanted(step, m.name)}"
-            for m in step.mw.spec.members
-            if m.spares
-        },
+        spares={member: f"{ready}/{wanted}" for member, (ready, wanted) in spare_counts(step).items()},
         spare_pool=step.pool,
         spare_serial=step.spare_serial,
         updated=f"{sum(counts[0] for counts in updated.values())}/{len(step.pods)}",

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from .model import PodObservation
-from .spares import Surge, ready_spares, short_of_spares
+from .spares import Surge, short_of_spares, spare_counts
 from .status import PodRecord, RolloutHalt
 from .step import Step
 
@@ -26,7 +26,7 @@ def roll_out(step: Step) -> None:
     strategy = step.mw.spec.update_strategy
     # A member that keeps warm spares rolls only onto ready spares of its new template: each
     # pod then costs its worlds about one recovery, not a new pod's start.
-    spares_left = {m.name: ready_spares(step, m.name) for m in step.mw.spec.members if m.spares}
+    spares_left = {member: ready for member, (ready, _) in spare_counts(step).items()}
     outdated = []
     for pod in step.pods:
         member = step.mw.member_of_pod(pod)[0]

@@ -31,9 +31,17 @@ class Surge:
     first: Collection[str]
 
 
-def ready_spares(step: Step, member: str) -> int:
-    """How many spares of `member`'s current template are ready to play one of its pods."""
-    return sum(_ready_spare(step, name, spare, member) for name, spare in step.pool.items())
+def spare_counts(step: Step) -> dict[str, tuple[int, int]]:
+    """Per member that keeps spares: its spares of its current template ready to play one of
+    its pods, and how many it wants now (one pass over the pool, which may still hold spares of
+    a member the spec no longer has)."""
+    wanted = {m.name: spares_wanted(step, m.name) for m in step.mw.spec.members if m.spares}
+    ready = Counter(
+        spare.member
+        for name, spare in step.pool.items()
+        if spare.member in wanted and _ready_spare(step, name, spare, spare.member)
+    )
+    return {member: (ready[member], count) for member, count in wanted.items()}
 
 
 def spares_wanted(step: Step, member: str) -> int:
@@ -70,9 +78,7 @@ def assign_spares(step: Step) -> None:
 
 def short_of_spares(step: Step) -> dict[str, tuple[int, int]]:
     """Members with fewer ready spares of their current template than they keep: (ready, wanted)."""
-    ready = Counter(spare.member for name, spare in step.pool.items() if _ready_spare(step, name, spare, spare.member))
-    wanted = {m.name: spares_wanted(step, m.name) for m in step.mw.spec.members if m.spares}
-    return {m: (ready[m], count) for m, count in wanted.items() if ready[m] < count}
+    return {m: (ready, wanted) for m, (ready, wanted) in spare_counts(step).items() if ready < wanted}
 
 
 def keep_spares(step: Step, surge: Surge | None) -> None:
