@@ -12,7 +12,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from multiworld_operator.local.processes import RUN_ENV
+from multiworld_operator.local.store_ports import unheld
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 300
@@ -338,14 +338,8 @@ def unheld_block(count: int) -> int:
     """The first of `count` consecutive ports nothing on this machine holds now, between the
     store ports (20000-29999) and the kernel's ephemeral ones."""
     for base in random.sample(range(30000, 32768 - count), 200):
-        try:
-            with contextlib.ExitStack() as held:
-                for port in range(base, base + count):
-                    sock = held.enter_context(socket.socket())
-                    sock.bind(("0.0.0.0", port))
+        if all(unheld(port) for port in range(base, base + count)):
             return base
-        except OSError:
-            continue
     raise RuntimeError(f"no {count} consecutive free ports in 30000-32767")
 
 

@@ -16,14 +16,15 @@ def free_store_ports(count: int) -> list[int]:
     port 0 picks) can go to any socket of the machine (a listener on port 0, an outgoing
     connection) whenever rank 0 does not serve it, before its first join or after one that
     failed, and rank 0 then fails at every epoch for as long as that socket lives."""
-    unheld = (port for port in random.sample(range(PORT_BASE, PORT_BASE + PORT_SPAN), PORT_SPAN) if _unheld(port))
-    ports = list(itertools.islice(unheld, count))
+    drawn = (port for port in random.sample(range(PORT_BASE, PORT_BASE + PORT_SPAN), PORT_SPAN) if unheld(port))
+    ports = list(itertools.islice(drawn, count))
     if len(ports) < count:
         raise RuntimeError(f"fewer than {count} free ports in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1}")
     return ports
 
 
-def _unheld(port: int) -> bool:
+def unheld(port: int) -> bool:
+    """Whether nothing on this machine holds `port` now (on any interface)."""
     with socket.socket() as probe:
         try:
             probe.bind(("", port))  # every interface, as rank 0's store listens
