@@ -59,6 +59,11 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def __dir__() -> list[str]:
+    """The public names (the lazy ones included), as docs/library.md lists them."""
+    return sorted(__all__)
+
+
 __all__ = [
     "BrokenWorldReport",
     "DetectConfig",

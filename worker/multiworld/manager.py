@@ -128,7 +128,8 @@ class WorldManager(PymultiworldFace):
         device: str | torch.device | None = None,
     ) -> World:
         """Rendezvous with the world's other members (blocking) and return the world.
-        `config`, `device`: this world's own (default: the manager's)."""
+        `config`, `device`: this world's own (default: the manager's). WorldJoinError when the
+        rendezvous fails (JoinTimedOut, StaleEpochError among them); RuntimeError once closed."""
         join = self._joiner.start(as_assignment(assignment), config, device)
         join.done.wait()
         return join.result()
@@ -221,11 +222,21 @@ class WorldManager(PymultiworldFace):
             return world
 
     def worlds(self) -> dict[str, World]:
+        """The worlds joined, by name: each one's latest incarnation (broken ones included). A
+        world whose join is under way is not here yet: `world_names` lists it."""
         with self._held.lock:
             return dict(self._held.worlds)
 
+    def world_names(self) -> list[str]:
+        """The worlds this process is in, sorted: those joined (healthy or broken) and those
+        whose join is under way (at start, or a world the live table added)."""
+        with self._held.lock:
+            return sorted(self._held.names())
+
     async def wait_world(self, name: str, newer_than: int | None = None, timeout: float | None = None) -> World:
-        """Until the world is held healthy at an epoch above `newer_than` (None: any epoch)."""
+        """Until the world is held healthy at an epoch above `newer_than` (None: any epoch).
+        TimeoutError after `timeout` seconds (None: no limit, so a world whose peers are gone
+        for good is waited for forever); RuntimeError once the manager closes."""
         return await self._waits.world(name, newer_than, timeout)
 
     def wait_world_blocking(self, name: str, newer_than: int | None = None, timeout: float | None = None) -> World:

@@ -352,6 +352,7 @@ class Collectives:
     # -- collectives -------------------------------------------------------------------
 
     def broadcast(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> Work | None:
+        """Copy rank `src`'s `tensor` into every other rank's `tensor`."""
         if type(tensor) is not Tensor or self._device is not None or not tensor.is_contiguous():
             _check_tensor("tensor", tensor, self._device)
         if type(src) is not int or src not in self._ranks:
@@ -360,6 +361,7 @@ class Collectives:
         return self._run("broadcast", ([tensor], options), async_op)
 
     def all_reduce(self, tensor: torch.Tensor, op: AnyReduceOp = ReduceOp.SUM, async_op: bool = False) -> Work | None:
+        """Reduce `tensor` over every rank with `op`; every rank's `tensor` holds the result."""
         if type(tensor) is not Tensor or self._device is not None or not tensor.is_contiguous():
             _check_tensor("tensor", tensor, self._device)
         options = self._reduce_opts("all_reduce", AllreduceOptions, op)
@@ -378,6 +380,7 @@ class Collectives:
     def all_gather(
         self, tensor_list: Sequence[torch.Tensor], tensor: torch.Tensor, async_op: bool = False
     ) -> Work | None:
+        """Every rank's `tensor` into every rank's `tensor_list` (one tensor per rank, in rank order)."""
         args = ([tensor_list], [tensor], self._cached(("all_gather",), AllgatherOptions))
         if "all_gather" not in self._driver.self_checked:
             _check_all_gather(self, args)
@@ -390,6 +393,7 @@ class Collectives:
         dst: int = 0,
         async_op: bool = False,
     ) -> Work | None:
+        """Every rank's `tensor` into rank `dst`'s `gather_list` (one per rank; None on the others)."""
         _check_tensor("tensor", tensor, self._device)
         self._check_rank("dst", dst)
         outputs = self._root_list("gather_list", gather_list, tensor, "dst", dst)
@@ -403,6 +407,7 @@ class Collectives:
         src: int = 0,
         async_op: bool = False,
     ) -> Work | None:
+        """Rank `src`'s `scatter_list[i]` into rank i's `tensor` (`scatter_list`: None on the others)."""
         _check_tensor("tensor", tensor, self._device)
         self._check_rank("src", src)
         inputs = self._root_list("scatter_list", scatter_list, tensor, "src", src)
@@ -416,6 +421,7 @@ class Collectives:
         op: AnyReduceOp = ReduceOp.SUM,
         async_op: bool = False,
     ) -> Work | None:
+        """Reduce every rank's `input_list[i]` with `op` into rank i's `output`."""
         _check_tensor("output", output, self._device)
         inputs = self._check_list("input_list", input_list, output, "output")
         options = self._reduce_opts("reduce_scatter", ReduceScatterOptions, op)
@@ -439,5 +445,6 @@ class Collectives:
         return self._run("all_to_all", (outputs, inputs, options), async_op)
 
     def barrier(self, async_op: bool = False) -> Work | None:
+        """Until every rank of the world has called it."""
         options = self._cached(("barrier",), self._driver.barrier_options)
         return self._run("barrier", (options,), async_op)

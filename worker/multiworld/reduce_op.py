@@ -7,6 +7,10 @@ from enum import Enum
 
 # A public type, kept a (str, Enum) as it was (UP042 would make it a StrEnum: another base class).
 class ReduceOp(str, Enum):  # noqa: UP042
+    """How a reducing op (`all_reduce`, `reduce`, `reduce_scatter`) combines the ranks' tensors;
+    torch.distributed's own `ReduceOp` (PREMUL_SUM included) and a name as a string ("sum") are
+    taken too."""
+
     SUM = "SUM"
     AVG = "AVG"
     PRODUCT = "PRODUCT"

@@ -92,6 +92,7 @@ class Work:
         return self._done
 
     def exception(self) -> WorldBrokenError | None:
+        """The WorldBrokenError the op failed with; None while pending or once it succeeded."""
         return self._error
 
     def wait(self, timeout: float | None = None) -> bool:

@@ -72,6 +72,7 @@ class World(Collectives):
 
     @property
     def broken(self) -> bool:
+        """True once the world broke (every op on it raises WorldBrokenError from then on)."""
         return self._error is not None
 
     @property
