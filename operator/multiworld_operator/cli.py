@@ -7,35 +7,45 @@ import argparse
 import logging
 import os
 import sys
+from importlib.metadata import version
 from pathlib import Path
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
+
+
+def _number(text: str, kind: type[N], what: str) -> N:
+    """`text` as a number, or argparse's error naming what was expected (argparse would name
+    the function that parsed it)."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
 
 
 def _positive(text: str) -> float:
-    value = float(text)
+    value = _number(text, float, "a number of seconds")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
 def _non_negative(text: str) -> float:
-    value = float(text)
+    value = _number(text, float, "a number")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
 
 
 def _lease_seconds(text: str) -> int:
-    value = int(text)
+    value = _number(text, int, "a whole number of seconds")
     if value < 3:
         raise argparse.ArgumentTypeError(f"must be >= 3 (seconds), got {text}")
     return value
 
 
 def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    value = _number(text, int, "a port number")
     if not 0 < value < 65536:
         raise argparse.ArgumentTypeError(f"must be a port between 1 and 65535, got {text}")
     return value
@@ -43,6 +53,7 @@ def _port(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multiworld", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('multiworld')}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True)
 

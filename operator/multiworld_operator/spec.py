@@ -497,22 +497,34 @@ def _positive_quantity(value: object) -> bool:
 
 def load_manifest(source: str | Path) -> MultiWorld:
     """Load a MultiWorld from a YAML file (a Path, or a str naming an existing file) or YAML text."""
-    text = source.read_text() if isinstance(source, Path) else _text_of(source)
+    text, name = (source.read_text(), str(source)) if isinstance(source, Path) else _text_of(source)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError([f"manifest: not valid YAML: {exc}"]) from exc
+        raise SpecError([_yaml_problem(exc, name)]) from exc
     return parse_manifest(data)
 
 
-def _text_of(source: str) -> str:
+def _text_of(source: str) -> tuple[str, str]:
+    """The YAML text and what to call it in errors: the file's name, or `manifest`."""
     # One line naming a file is a path; one line without YAML structure must be one too.
     if "\n" not in source:
         if Path(source).is_file():
-            return Path(source).read_text()
+            return Path(source).read_text(), source
         if ":" not in source:
             raise SpecError([f"manifest: no such file {source!r}"])
-    return source
+    return source, "manifest"
+
+
+def _yaml_problem(error: yaml.YAMLError, name: str) -> str:
+    """A YAML error as one line naming the file and where in it (yaml's own message names a
+    stream, not the file)."""
+    if not isinstance(error, yaml.MarkedYAMLError):
+        return f"{name}: not valid YAML: {error}"
+    mark = error.problem_mark or error.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    what = "; ".join(part for part in (error.context, error.problem) if part)
+    return f"{name}: not valid YAML{where}: {what}"
 
 
 def parse_manifest(data: object) -> MultiWorld:

@@ -9,6 +9,7 @@ cannot; without a Lease nobody takes one over."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 import uuid
@@ -117,6 +118,8 @@ def replicas(kube_cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[
                     raise
     for replica in started:
         assert not refusals(replica.log()), replica.log()[-3000:]
+        # Run at INFO (-v): the operator's own lines, none of kopf's (issue 31: noise).
+        assert not re.findall(r" INFO kopf\S*: .*", replica.log()), replica.log()[-3000:]
 
 
 def test_only_the_leader_acts_and_a_graceful_stop_hands_over_at_once(replicas: Callable[[int], Replicas]) -> None:

@@ -103,3 +103,31 @@ def test_a_missing_multiworld_or_namespace_is_one_clear_line(scene: Scene) -> No
     assert missing.stderr.strip() == f"multiworld status: multiworld {scene.kube.namespace}/nope: not found"
     empty = status(scene, "-n", "no-such-namespace")
     assert empty.returncode == 0 and empty.stdout.strip() == "no MultiWorlds in namespace no-such-namespace"
+
+
+def test_no_cluster_credentials_say_which_kubeconfig_was_read_and_what_is_needed(tmp_path: Path) -> None:
+    """A new user with no cluster: one line naming the kubeconfig read and what the command needs."""
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "missing"), "KUBERNETES_SERVICE_HOST": ""}
+    result = subprocess.run([COMMAND, "status"], capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"multiworld status: no cluster credentials in KUBECONFIG={tmp_path / 'missing'}")
+    assert "point --kubeconfig or KUBECONFIG at one" in result.stderr and "multiworld run" in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_an_unreachable_api_server_is_one_clear_line(tmp_path: Path) -> None:
+    """A kubeconfig whose server does not answer (a cluster that is down): no traceback, no retries."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    result = subprocess.run(
+        [COMMAND, "status", "--kubeconfig", str(kubeconfig)], capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(
+        f"multiworld status: cannot reach the API server at https://127.0.0.1:1 (from {kubeconfig}): "
+    ), result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr

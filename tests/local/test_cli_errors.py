@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,42 @@ def test_a_command_that_cannot_be_executed_is_refused_by_field(tmp_path, command
     assert result.returncode == 2, result.stderr
     assert f"spec.template.spec.containers[0]: command '{command}' cannot be executed here ({why}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_script_missing_from_the_workdir_is_refused_by_field(tmp_path):
+    """Not run from some other folder: the script must be in the members' working directory."""
+    result = run_cli(tmp_path, GOOD.replace('command: [python, -c, "pass"]', "command: [python, nowhere/main.py]"))
+    assert result.returncode == 2, result.stderr
+    assert "spec.template.spec.containers[0]: script 'nowhere/main.py' is not in " in result.stderr
+    assert "member logs" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--duration", "abc"], "argument --duration: must be a number of seconds, got 'abc'"),
+        (["--after", "soon", "--kill", "w1"], "argument --after: must be a number, got 'soon'"),
+        (["--workdir", "/no/such/folder"], "--workdir /no/such/folder: no such directory"),
+        (["--log-dir", "{tmp}/mw.yaml/logs"], "--log-dir {tmp}/mw.yaml/logs: cannot write there (Not a directory)"),
+    ],
+    ids=["duration", "after", "workdir", "log-dir"],
+)
+def test_each_bad_flag_exits_2_naming_it_without_a_traceback(tmp_path, flags, message):
+    result = run_cli(tmp_path, GOOD, *(f.format(tmp=tmp_path) for f in flags))
+    assert result.returncode == 2, result.stderr
+    assert message.format(tmp=tmp_path) in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "member logs" not in result.stderr
+
+
+def test_a_yaml_error_names_the_file_and_where(tmp_path):
+    result = run_cli(tmp_path, "metadata: {name: x}\n  spec: [\n")
+    assert result.returncode == 2, result.stderr
+    assert f"{tmp_path / 'mw.yaml'}: not valid YAML at line 2, column 3" in result.stderr, result.stderr
+    assert "<unicode string>" not in result.stderr
+
+
+def test_version_is_the_installed_packages() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "multiworld_operator.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stdout.strip() == f"multiworld {version('multiworld')}"

@@ -199,13 +199,23 @@ def test_a_plain_torch_world_loses_every_rank_to_one_death(tmp_path):
     assert log.count("--- start ") == 2, log
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_signal_stops_every_member_and_prints_the_summary(tmp_path, sig):
-    """No --duration: the run goes on until Ctrl-C (or SIGTERM), then stops every member."""
+# How long the processes of a run may outlive its runner (its stop grace is 3 s).
+OUTLIVED_S = 5.0
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
+    ids=["ctrl-c", "sigterm", "hangup", "sigkill"],
+)
+def test_no_process_outlives_its_runner_whatever_signal_ends_it(tmp_path, sig):
+    """No --duration: the run goes on until a signal. Ctrl-C, SIGTERM and a closed terminal
+    (SIGHUP) stop every member and print the summary; SIGKILL cannot be caught, and the run's
+    tether kills its members. Either way no member, warm spare included, outlives the runner."""
     path = manifest(tmp_path, **SEED)
     runner = subprocess.Popen(
         [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
-         "--log-dir", str(tmp_path / "logs")],
+         "--log-dir", str(tmp_path / "logs"), "--spares", "w1=1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
     )  # fmt: skip
     lines: list[str] = []
@@ -219,17 +229,42 @@ def test_a_signal_stops_every_member_and_prints_the_summary(tmp_path, sig):
             if running == {"world1", "world2"}:
                 break
         assert running == {"world1", "world2"}, "".join(lines)
+        assert len(leftover_processes(run_name(tmp_path))) >= 6, "five member pods and a warm spare"
         runner.send_signal(sig)
         rest, _ = runner.communicate(timeout=60)
     finally:
         runner.kill()
         runner.wait()
     lines.append(rest)
+    deadline = time.monotonic() + OUTLIVED_S
+    while leftover_processes(run_name(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not leftover_processes(run_name(tmp_path)), "a member process outlived the run"
+    if sig == signal.SIGKILL:
+        return
     summary = json.loads(rest.strip().splitlines()[-1])
     assert runner.returncode == 0, "".join(lines)
     assert summary["orphans"] == 0
     assert {w["phase"] for w in summary["worlds"].values()} == {"Running"}, summary
-    assert not leftover_processes(run_name(tmp_path)), "a member process outlived the run"
+
+
+def test_a_run_whose_worlds_never_run_exits_1_with_the_members_last_output(tmp_path):
+    """Every member dies at start: its last output is shown once with its log's path, the
+    members are said to crash-loop, and the run fails, saying so in its JSON."""
+    script = tmp_path / "crash.py"
+    script.write_text('print("loading the model")\nraise SystemExit("no weights at /models/x.pt")\n')
+    path = manifest(tmp_path, **SEED)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["template"]["spec"]["containers"][0].update(command=["python", str(script)], args=[])
+    path.write_text(yaml.safe_dump(doc))
+    summary = run(path, tmp_path, "--duration", "8")
+    err = summary["_stderr"]
+    assert summary["_rc"] == 1, err
+    assert not summary["ok"] and summary["problems"] == ["world world1 never ran", "world world2 never ran"]
+    assert err.count("  | no weights at /models/x.pt") == 1, err
+    assert "  | loading the model" in err and f"(log: {tmp_path / 'logs'}" in err, err
+    assert "member w1 is crash-looping" in err, err
+    assert "Traceback" not in err
 
 
 def test_chaos_kills_members_and_the_worlds_recover(tmp_path):
@@ -286,6 +321,7 @@ def test_suspend_stops_every_member_and_resume_brings_each_world_back_at_its_nex
     for name in ("world1", "world2"):
         world = summary["worlds"][name]
         assert (world["phase"], world["epoch"], world["failures"]) == ("Running", 2, 0), (name, out)
+        assert (world["planned_changes"], world["errors"]) == (1, 0), (name, out)  # a suspend is no error
     assert {starts(tmp_path, pod) for pod in ("leader-0", "w1-0", "w1-1", "w2-0", "w2-1")} == {2}, out
     assert summary["_rc"] == 0
 
@@ -330,6 +366,7 @@ def test_an_edited_template_rolls_out_pod_by_pod_while_the_run_goes_on(tmp_path)
     assert err.count("PodUpdated") == 2 and err.count("manifest edited: applying it") == 1, err
     world1, world2 = summary["worlds"]["world1"], summary["worlds"]["world2"]
     assert (world1["phase"], world1["epoch"], world1["failures"]) == ("Running", 3, 0), err
+    assert (world1["planned_changes"], world1["errors"]) == (2, 0), err  # a rollout is no error
     assert (world2["epoch"], world2["failures"], world2["errors"]) == (1, 0, 0), err
     assert [starts(tmp_path, pod) for pod in ("leader-0", "w1-0", "w1-1", "w2-0")] == [1, 2, 2, 1], err
 

@@ -11,7 +11,7 @@ def test_recovery_is_timed_from_the_injected_kill_to_all_ranks_back():
     tracker.observe("Recovering", 2, 1, False, now=10.1)
     tracker.observe("Running", 2, 1, False, now=11.0)  # not every rank joined yet
     tracker.observe("Running", 2, 1, True, now=12.5)
-    summary = tracker.summary("Running", 2, errors=0)
+    summary = tracker.summary("Running", 2, breaks={})
     assert summary.failures == 1 and summary.recoveries == 1
     assert summary.recovery_seconds == [2.5]
 
@@ -20,7 +20,7 @@ def test_failure_without_injection_is_timed_from_when_it_was_seen():
     tracker = WorldTracker()
     tracker.observe("Recovering", 3, 2, False, now=5.0)  # two restarts at once: two failures
     tracker.observe("Running", 3, 2, True, now=6.0)
-    summary = tracker.summary("Running", 3, errors=4)
+    summary = tracker.summary("Running", 3, breaks={3: 4})
     assert (summary.failures, summary.recovery_seconds, summary.errors) == (2, [1.0], 4)
 
 
@@ -40,8 +40,29 @@ def test_failures_counted_after_a_run(then: list[tuple[str, int]], failures: int
     for now, (phase, epoch) in enumerate(then, start=2):
         tracker.observe(phase, epoch, 0, phase == "Running", now=float(now))
     phase, epoch = then[-1]
-    summary = tracker.summary(phase, epoch, errors=0)
+    summary = tracker.summary(phase, epoch, breaks={})
     assert (summary.failures, summary.recoveries) == (failures, 0)
+
+
+def test_planned_changes_and_the_breaks_they_cost_are_apart_from_failures_and_errors() -> None:
+    """Epoch 1 ends in a rollout (no restart), epoch 2 in a failure, epoch 3 in a suspend's
+    resume: two planned changes, one failure; only epoch 2's breaks are errors."""
+    tracker = WorldTracker()
+    tracker.observe("Running", 1, 0, True, now=1.0)
+    tracker.observe("Pending", 2, 0, False, now=2.0)  # rollout
+    tracker.observe("Running", 2, 0, True, now=3.0)
+    tracker.observe("Recovering", 3, 1, False, now=4.0)  # failure
+    tracker.observe("Running", 3, 1, True, now=5.0)
+    tracker.observe("Running", 4, 1, True, now=6.0)  # suspended and resumed between two looks
+    summary = tracker.summary("Running", 4, breaks={1: 2, 2: 3, 3: 1})
+    assert (summary.planned_changes, summary.failures, summary.errors) == (2, 1, 3)
+    assert summary.ran
+
+
+def test_a_world_seen_only_pending_never_ran() -> None:
+    tracker = WorldTracker()
+    tracker.observe("Pending", 1, 0, False, now=1.0)
+    assert not tracker.summary("Pending", 1, breaks={}).ran
 
 
 def test_live_table_columns_line_up():

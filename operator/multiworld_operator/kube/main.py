@@ -25,11 +25,12 @@ def run_operator(
     Prometheus metrics at /metrics (metrics.py); `webhook`, the
     validating admission webhook. With `lease`, act only while holding it; a lost Lease stops the
     operator with status 1, so that its pod restarts as a standby."""
-    # Our handlers only wake reconcile loops; kopf's line per handled event is noise at INFO, and
-    # so is aiohttp's per call of the webhook (a refusal is kopf's error line).
-    for name in ("kopf.objects", "aiohttp.access"):
-        logger = logging.getLogger(name)
-        logger.setLevel(max(logging.WARNING, logger.getEffectiveLevel()))
+    # Our handlers only wake reconcile loops: kopf's lines at INFO (a handler or an activity
+    # succeeded, the webhook reconfigured) are noise, and so is aiohttp's per call of the webhook
+    # (a refusal is kopf's error line). They show at DEBUG (-vv) only.
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in ("kopf", "aiohttp.access"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     settings = kopf.OperatorSettings()
     if webhook is not None:
         enable(webhook, settings, kopf.get_default_registry())

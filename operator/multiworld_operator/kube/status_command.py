@@ -11,11 +11,14 @@ do. What is shown is the object's `status` as the operator wrote it, parsed by t
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO, cast
 
+import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
@@ -125,8 +128,21 @@ def _api(kubeconfig: str | None) -> client.CustomObjectsApi:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            raise StatusCommandError(f"no cluster credentials: {exc}") from exc
+            raise StatusCommandError(
+                f"no cluster credentials in {_kubeconfig_read(kubeconfig)} ({exc}): `multiworld status` shows "
+                "MultiWorlds on a Kubernetes cluster, so point --kubeconfig or KUBECONFIG at one "
+                "(`multiworld run FILE.yaml` runs a MultiWorld on this machine with no cluster)"
+            ) from exc
     return client.CustomObjectsApi()
+
+
+def _kubeconfig_read(given: str | None) -> str:
+    """The kubeconfig file(s) the client read, as kubectl picks them."""
+    if given:
+        return given
+    if os.environ.get("KUBECONFIG"):
+        return f"KUBECONFIG={os.environ['KUBECONFIG']}"
+    return os.path.expanduser(config.KUBE_CONFIG_DEFAULT_LOCATION)
 
 
 def _api_error(exc: ApiException, what: str) -> StatusCommandError:
@@ -184,6 +200,8 @@ def show(
 ) -> int:
     """Print the status (and, with `watch_changes`, again on every change); 0, or 1 with the
     error said on stderr."""
+    # The client's retries are warnings of urllib3's: an unreachable server is said once, below.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     try:
         ns = _namespace(namespace)
         for items in _snapshots(_api(kubeconfig), ns, name, watch_changes):
@@ -200,6 +218,13 @@ def show(
             out.flush()
     except StatusCommandError as exc:
         sys.stderr.write(f"multiworld status: {exc}\n")
+        return 1
+    except urllib3.exceptions.HTTPError as exc:
+        host = client.Configuration.get_default_copy().host
+        sys.stderr.write(
+            f"multiworld status: cannot reach the API server at {host} (from {_kubeconfig_read(kubeconfig)}): "
+            f"{getattr(exc, 'reason', None) or exc}\n"
+        )
         return 1
     except KeyboardInterrupt:
         return 0

@@ -11,6 +11,7 @@ from multiworld.contract import ENV_METRICS_PORT, metrics_port_from_env
 from ..planner import CreatePod
 from ..spec import MultiWorld
 from .processes import RUN_ENV, MemberProcess, check_executable, container_command
+from .tether import Tether
 
 # Member -> the argv and the plain env values of its template's first container.
 Commands = dict[str, tuple[list[str], dict[str, str]]]
@@ -40,7 +41,8 @@ def _template_field(multiworld: MultiWorld, member: str) -> str:
 
 class MemberLauncher:
     """Starts pods of one run. `commands` follows the manifest's edits; `table_url` is where
-    the workers follow the live table (the runner's channel server, once it listens)."""
+    the workers follow the live table (the runner's channel server, once it listens); `tether`
+    holds every process started (set when the run starts)."""
 
     def __init__(
         self,
@@ -56,6 +58,7 @@ class MemberLauncher:
         self.gpu_envs = gpu_envs
         self.run_env = {RUN_ENV: multiworld}
         self.table_url = ""
+        self.tether: Tether | None = None
         # Pod -> the port it serves its metrics on (kept across its restarts).
         self.metrics_ports: dict[str, int] = {}
 
@@ -66,7 +69,8 @@ class MemberLauncher:
         port = self._metrics_port(action.pod, env)
         if port is not None:
             env[ENV_METRICS_PORT] = str(port)
-        return await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir)
+        assert self.tether is not None, "the run has not started"
+        return await MemberProcess.start(action.pod, argv, env, self.workdir, self.log_dir, self.tether)
 
     def _metrics_port(self, pod: str, env: dict[str, str]) -> int | None:
         """Local processes share the machine's ports: a pod whose environment asks for metrics

@@ -33,8 +33,10 @@ class ManifestFollower:
         self.watched = mtime
         try:
             edited = self.reload()
-            if _layout(edited) != _layout(current):
-                raise ValueError("its members, replicas and worlds differ: start the run again for that")
+            changes = layout_changes(current, edited)
+            if changes:
+                kept = "members, replicas and worlds stay as the run began: start it again for that"
+                raise ValueError(f"{'; '.join(changes)} ({kept})")
             commands = member_commands(edited)
             check_commands(edited, commands, workdir)
         except (SpecError, ValueError, TemplateError, ValidationError, OSError) as exc:
@@ -51,12 +53,26 @@ def _mtime(path: Path | None) -> int | None:
         return None
 
 
-def _layout(multiworld: MultiWorld) -> tuple[object, ...]:
-    """What a running local MultiWorld keeps: its name, members' replicas, worlds and backends."""
+def layout_changes(current: MultiWorld, edited: MultiWorld) -> list[str]:
+    """What a running local MultiWorld keeps (its name, members' replicas, worlds and
+    backends) that `edited` changes, one line per field: `FIELD: OLD -> NEW`."""
+    before, after = _layout(current), _layout(edited)
+    fields = list(before) + [f for f in after if f not in before]
+    return [
+        f"{f}: {before.get(f, '(none)')} -> {after.get(f, '(none)')}" for f in fields if before.get(f) != after.get(f)
+    ]
+
+
+def _layout(multiworld: MultiWorld) -> dict[str, object]:
+    """The kept fields by their paths: per member and world where the names stay, else the
+    list of names."""
     spec = multiworld.spec
-    return (
-        multiworld.name,
-        spec.backend,
-        [(m.name, m.replicas) for m in spec.members],
-        [(w.name, w.ranks, w.backend) for w in spec.worlds],
-    )
+    fields: dict[str, object] = {"metadata.name": multiworld.name, "spec.backend": spec.backend}
+    fields["spec.members[].name"] = [m.name for m in spec.members]
+    for i, member in enumerate(spec.members):
+        fields[f"spec.members[{i}].replicas"] = member.replicas
+    fields["spec.worlds[].name"] = [w.name for w in spec.worlds]
+    for i, world in enumerate(spec.worlds):
+        fields[f"spec.worlds[{i}].ranks"] = world.ranks
+        fields[f"spec.worlds[{i}].backend"] = world.backend
+    return fields

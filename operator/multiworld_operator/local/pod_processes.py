@@ -2,8 +2,10 @@
 planner's Observation of them, and the deletes, creates and spare assignments of its plans.
 
 A process plays the member pod it was created as, or (a warm spare) none until the planner
-assigns it one. Error counts are kept per incarnation while it lives and folded into the run's
-totals per world once it ends.
+assigns it one. The breaks its workers report are counted per world and epoch (the summary
+tells planned changes from failures by the epoch). A process that exits with an error is said
+once per distinct failure with the last lines of its output; a member whose processes keep
+exiting before joining any world is said to be crash-looping.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from multiworld.contract import BrokenWorldReport, WorkerStatus
+from multiworld.contract import JOIN_FAILED, BrokenWorldReport, WorkerStatus
 
 from ..planner import CreatePod, Observation, PodObservation
 from .launcher import MemberLauncher
-from .processes import MemberProcess
+from .processes import MemberProcess, output_tail
 from .view import LiveView
+
+# Starts in a row of a member that exit with an error before joining any world: crash-looping.
+CRASH_LOOP_STARTS = 3
 
 
 class PodProcesses:
@@ -36,13 +41,18 @@ class PodProcesses:
         self.joining: dict[str, dict[str, int]] = {}
         self.warm: set[str] = set()  # spares whose worker waits for an identity
         self.reports: list[BrokenWorldReport] = []
-        self.errors: dict[str, dict[str, int]] = {}  # errors per world, of finished incarnations
-        self.live_errors: dict[str, dict[str, int]] = {}  # per pod, of its current incarnation
+        self.breaks: dict[str, dict[int, int]] = {}  # per world and epoch: breaks reported
+        self.ever_joined: set[str] = set()  # processes that joined a world at least once
+        self.failed_starts: dict[str, int] = {}  # per member: starts in a row that never joined
+        self.failures_said: set[str] = set()  # the last output of every failed process said so far
         self.stopping = False
 
     # --- what the workers say (the channel server's callbacks) ----------------------------
     def on_report(self, report: BrokenWorldReport) -> None:
         self.reports.append(report)
+        if not report.reason.startswith(JOIN_FAILED):
+            epochs = self.breaks.setdefault(report.world, {})
+            epochs[report.epoch] = epochs.get(report.epoch, 0) + 1
         self.on_change()
 
     def on_status(self, status: WorkerStatus) -> None:
@@ -51,7 +61,8 @@ class PodProcesses:
         self.joined[status.pod] = dict(status.joined)
         self.joined_at[status.pod] = dict(status.joined_at)
         self.joining[status.pod] = dict(status.joining)
-        self.live_errors[status.pod] = dict(status.errors)
+        if status.joined:
+            self.ever_joined.add(status.pod)
         if status.waiting:
             self.warm.add(status.pod)
         else:
@@ -93,10 +104,10 @@ class PodProcesses:
             and all(self.procs[p].returncode == 0 for p in self.procs)
         )
 
-    def errors_of(self, world: str) -> int:
-        """Errors raised to member code in `world`, by every incarnation so far."""
-        finished = sum(self.errors.get(world, {}).values())
-        return finished + sum(errs.get(world, 0) for errs in self.live_errors.values())
+    def breaks_of(self, world: str) -> dict[int, int]:
+        """Per epoch of `world`: the breaks its processes reported (each an error raised to
+        member code in that world)."""
+        return self.breaks.get(world, {})
 
     # --- what the planner's plans do ------------------------------------------------------
     async def delete(self, pod: str) -> None:
@@ -120,6 +131,7 @@ class PodProcesses:
         self.joined[action.pod] = {}
         self.joined_at[action.pod] = {}
         self.joining[action.pod] = {}
+        self.ever_joined.discard(action.pod)
         asyncio.get_running_loop().create_task(self._watch_exit(proc))
 
     def assign(self, pod: str, member: str, ordinal: int) -> None:
@@ -140,10 +152,7 @@ class PodProcesses:
         return procs
 
     def _retire(self, pod: str) -> None:
-        """Fold a finished incarnation's error counts into the run's totals."""
-        for world, count in self.live_errors.pop(pod, {}).items():
-            self.errors.setdefault(world, {})
-            self.errors[world][pod] = self.errors[world].get(pod, 0) + count
+        """Forget what a deleted process's worker said."""
         self.joined.pop(pod, None)
         self.joined_at.pop(pod, None)
         self.joining.pop(pod, None)
@@ -153,5 +162,29 @@ class PodProcesses:
     async def _watch_exit(self, proc: MemberProcess) -> None:
         code = await proc.proc.wait()
         if not self.stopping and not proc.killed_by_runner:
-            self.view.event(f"{proc.pod} exited with code {code}")
+            self._said_exit(proc, code)
         self.on_change()
+
+    def _said_exit(self, proc: MemberProcess, code: int) -> None:
+        """Say that `proc` exited on its own: with its last output the first time a process
+        fails so, and once when its member is crash-looping."""
+        member = self.members.get(proc.pod, ("", None))[0]
+        if code == 0:
+            self.view.event(f"{proc.pod} exited with code 0")
+            return
+        tail = output_tail(proc.log_path)
+        if tail not in self.failures_said:  # a failure said once: the worlds' events go on
+            self.failures_said.add(tail)
+            shown = "\n".join(f"  | {line}" for line in tail.splitlines()) or "  | (no output)"
+            self.view.event(
+                f"{proc.pod} exited with code {code}; its output ends with:\n{shown}\n  (log: {proc.log_path})"
+            )
+        if proc.pod in self.ever_joined:
+            self.failed_starts[member] = 0
+            return
+        self.failed_starts[member] = self.failed_starts.get(member, 0) + 1
+        if self.failed_starts[member] == CRASH_LOOP_STARTS:
+            self.view.event(
+                f"member {member} is crash-looping: {CRASH_LOOP_STARTS} starts in a row exited with an "
+                f"error before joining any world; its output is above, its log in {proc.log_path}"
+            )

@@ -52,6 +52,8 @@ def _fail(message: str) -> int:
 def run_from_args(args: argparse.Namespace) -> int:
     if not args.file.is_file():
         return _fail(f"FILE: {args.file} does not exist")
+    if args.workdir is not None and not args.workdir.is_dir():
+        return _fail(f"--workdir {args.workdir}: no such directory")
     try:
         mw = _load(args)
         kills = planned_kills(args.kill, args.after)
@@ -85,12 +87,13 @@ def run_from_args(args: argparse.Namespace) -> int:
     sys.stderr.write(summary.render())
     if args.json:
         sys.stdout.write(json.dumps(summary.model_dump(mode="json"), separators=(",", ":")) + "\n")
-    return 1 if any(w.phase == "Failed" for w in summary.worlds.values()) else 0
+    return 0 if summary.ok else 1
 
 
 async def _run_until_signal(runner: LocalRunner) -> RunSummary:
-    """Ctrl-C or SIGTERM ends the run cleanly: members stopped, summary printed."""
+    """Ctrl-C, SIGTERM or a closed terminal (SIGHUP) ends the run cleanly: members stopped,
+    summary printed. Whatever else ends the runner, its tether stops the members (tether.py)."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, runner.request_stop)
     return await runner.run()

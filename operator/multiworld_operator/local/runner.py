@@ -41,6 +41,7 @@ from .pod_processes import PodProcesses
 from .processes import find_workdir
 from .store_ports import free_store_ports
 from .summary import RunSummary, WorldTrackers
+from .tether import Tether
 from .view import LiveView, world_rows
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,11 @@ class LocalRunner:
         check_commands(multiworld, commands, self.workdir)
         # Only once the input is known good: a refused run leaves nothing behind.
         self.log_dir = log_dir or Path(tempfile.mkdtemp(prefix=f"multiworld-{multiworld.name}-"))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=self.log_dir).close()
+        except OSError as error:
+            raise ValueError(f"--log-dir {self.log_dir}: cannot write there ({error.strerror})") from None
         self.view = view or LiveView(f"multiworld run {multiworld.name}")
         self.status: MultiWorldStatus | None = None
         self.trackers = WorldTrackers(w.name for w in multiworld.spec.worlds)
@@ -144,6 +149,7 @@ class LocalRunner:
 
     async def run(self) -> RunSummary:
         self.launcher.table_url = local_url(await self.server.start())
+        self.launcher.tether = Tether()
         self.view.event(f"member logs in {self.log_dir}")
         started = time.monotonic()
         endpoint = lambda world, _rank0_pod: ("127.0.0.1", self.ports[world])  # noqa: E731
@@ -168,7 +174,7 @@ class LocalRunner:
                 await self._execute(result.actions)
                 self.status = result.status
                 self.trackers.observe(self.status, time.monotonic())
-                self.view.update(world_rows(self.mw, self.status, self.pods.errors_of), note=self.status.phase)
+                self.view.update(world_rows(self.mw, self.status, self._errors_of), note=self.status.phase)
                 if self._finished():
                     break
                 next_fault = self.faults.next_at()
@@ -211,7 +217,12 @@ class LocalRunner:
         """Stop every member (TERM, then KILL) and count process groups that outlived that."""
         procs = await self.pods.stop(STOP_GRACE_S)
         await self.server.close()
+        if self.launcher.tether is not None:
+            self.launcher.tether.close()
         return sum(p.group_alive() for p in procs)
 
+    def _errors_of(self, world: str) -> int:
+        return self.trackers.errors_of(world, self.pods.breaks_of(world))
+
     def summary(self, orphans: int) -> RunSummary:
-        return self.trackers.summary(self.mw, self.status, self.pods.errors_of, orphans)
+        return self.trackers.summary(self.mw, self.status, self.pods.breaks_of, orphans)

@@ -1,8 +1,10 @@
-"""What `multiworld run` reports at the end: per world, failures, recoveries and their times."""
+"""What `multiworld run` reports at the end: per world, failures, recoveries and their times,
+planned changes and errors apart; and whether the run went well (every world ran, none
+ended Failed)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from pydantic import BaseModel, Field
 
@@ -16,15 +18,19 @@ FAULT_ATTRIBUTION_S = 10.0
 class WorldSummary(BaseModel):
     phase: str
     epoch: int
+    ran: bool  # Running (or Succeeded) at least once
     failures: int
     recoveries: int
     recovery_seconds: list[float] = Field(default_factory=list)
-    errors: int  # errors raised to member code in this world
+    planned_changes: int  # epochs moved on purpose: rollouts, suspends, spec edits
+    errors: int  # errors raised to member code in this world, but for its planned changes
 
 
 class RunSummary(BaseModel):
     worlds: dict[str, WorldSummary]
     orphans: int
+    ok: bool  # every world ran and none ended Failed (else `multiworld run` exits 1)
+    problems: list[str]  # why not ok, one line per world
 
     def render(self) -> str:
         lines = ["", "summary:"]
@@ -32,9 +38,10 @@ class RunSummary(BaseModel):
             times = ", ".join(f"{s:.2f}s" for s in w.recovery_seconds) or "-"
             lines.append(
                 f"  {name}: {w.phase} at epoch {w.epoch}; failures {w.failures}, "
-                f"recoveries {w.recoveries} ({times}), errors {w.errors}"
+                f"recoveries {w.recoveries} ({times}), planned changes {w.planned_changes}, errors {w.errors}"
             )
         lines.append(f"  orphan processes: {self.orphans}")
+        lines += [f"  problem: {p}" for p in self.problems]
         return "\n".join(lines) + "\n"
 
 
@@ -46,7 +53,9 @@ class WorldTracker:
         self.epoch = 1
         self.restarts = 0
         self.phase = "Pending"
+        self.ran = False
         self.failures = 0
+        self.planned: set[int] = set()  # epochs the world left on purpose
         self.recovery_seconds: list[float] = []
         self._fault_at: float | None = None
         self._failed_at: float | None = None
@@ -57,7 +66,10 @@ class WorldTracker:
 
     def observe(self, phase: str, epoch: int, restarts: int, whole: bool, now: float) -> None:
         """One status of the world. A restart counts a failure; a new epoch without one (a
-        rollout, a resume, a spec edit) does not."""
+        rollout, a resume, a spec edit) is a planned change."""
+        self.ran = self.ran or phase in ("Running", "Succeeded")
+        if epoch > self.epoch and restarts == self.restarts:
+            self.planned.update(range(self.epoch, epoch))
         if restarts > self.restarts:
             self.failures += restarts - self.restarts
             if self._failed_at is None:
@@ -72,14 +84,21 @@ class WorldTracker:
             self.recovery_seconds.append(round(now - self._failed_at, 3))
             self._failed_at = None
 
-    def summary(self, phase: str, epoch: int, errors: int) -> WorldSummary:
+    def errors(self, breaks: Mapping[int, int]) -> int:
+        """Of the breaks reported per epoch, those of epochs not left on purpose: a member
+        whose world moves for a rollout or a suspend sees it break, and that is no error."""
+        return sum(count for epoch, count in breaks.items() if epoch not in self.planned)
+
+    def summary(self, phase: str, epoch: int, breaks: Mapping[int, int]) -> WorldSummary:
         return WorldSummary(
             phase=phase,
             epoch=epoch,
+            ran=self.ran,
             failures=self.failures,
             recoveries=len(self.recovery_seconds),
             recovery_seconds=self.recovery_seconds,
-            errors=errors,
+            planned_changes=len(self.planned),
+            errors=self.errors(breaks),
         )
 
 
@@ -97,17 +116,23 @@ class WorldTrackers:
         for name, ws in status.worlds.items():
             self.trackers[name].observe(ws.phase, ws.epoch, ws.restarts, ws.ready_ranks >= ws.size, now)
 
+    def errors_of(self, world: str, breaks: Mapping[int, int]) -> int:
+        """The errors of `world` so far, from the breaks reported per epoch."""
+        return self.trackers[world].errors(breaks)
+
     def summary(
         self,
         multiworld: MultiWorld,
         status: MultiWorldStatus | None,
-        errors_of: Callable[[str], int],
+        breaks_of: Callable[[str], Mapping[int, int]],
         orphans: int,
     ) -> RunSummary:
         worlds = {}
         for world in multiworld.spec.worlds:
             ws = status.worlds.get(world.name) if status else None
             worlds[world.name] = self.trackers[world.name].summary(
-                phase=ws.phase if ws else "Pending", epoch=ws.epoch if ws else 1, errors=errors_of(world.name)
+                phase=ws.phase if ws else "Pending", epoch=ws.epoch if ws else 1, breaks=breaks_of(world.name)
             )
-        return RunSummary(worlds=worlds, orphans=orphans)
+        problems = [f"world {name} never ran" for name, w in worlds.items() if not w.ran]
+        problems += [f"world {name} ended Failed" for name, w in worlds.items() if w.phase == "Failed"]
+        return RunSummary(worlds=worlds, orphans=orphans, ok=not problems, problems=problems)
