@@ -62,6 +62,7 @@ from kubernetes import client
 from spec import limits_support as limits
 
 from multiworld.contract import NAME_LABEL
+from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
 from multiworld_operator.spec import MAX_WORLDS, MAX_WORLDS_PER_POD
 
 # How long the worker link waits for its first table.
@@ -309,6 +310,7 @@ def largest_rows(f: dict[str, Any]) -> tuple[list[str], list[common.Target]]:
         ("the CR's status after the first plan", f["status_first_bytes"], limits.STATUS_ROOM),
         ("the CR's status at its largest", f["status_worst_bytes"], limits.STATUS_ROOM),
         ("the planner's memory ConfigMap, data", f["memory_configmap_data_bytes"], limits.CONFIGMAP_LIMIT),
+        ("that memory decompressed (the operator reads no more)", f["memory_bytes"], MAX_MEMORY_BYTES),
         ("MULTIWORLD_WORLDS of the pod in most worlds", f["env_string_bytes"], limits.ENV_STRING_LIMIT),
         ("that pod's annotations", f["annotations_bytes"], limits.ANNOTATIONS_LIMIT),
         ("its worker's longest message to the operator", f["worker_line_bytes"], limits.MAX_LINE),
@@ -325,6 +327,7 @@ def largest_rows(f: dict[str, Any]) -> tuple[list[str], list[common.Target]]:
             ["written for it", "KiB", "limit KiB", "of the limit"],
             [[what, f"{size / 1024:.1f}", f"{limit / 1024:g}", f"{size / limit:.0%}"] for what, size, limit in sizes],
         ),
+        f"that memory holds {f['memory_values']} JSON values (the operator reads no more than {MAX_MEMORY_VALUES})\n"
         f"the status's limit: etcd's {limits.OBJECT_LIMIT // 1024} KiB object less a spec at its cap, "
         f"annotations at theirs and {limits.METADATA_ROOM // 1024} KiB of other metadata",
     ]

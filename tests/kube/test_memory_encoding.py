@@ -17,8 +17,10 @@ from multiworld_operator.kube.bodies import MEMORY_LABEL
 from multiworld_operator.kube.observe import see_pod
 from multiworld_operator.kube.planner_memory import (
     MAX_MEMORY_BYTES,
+    MAX_MEMORY_VALUES,
     MEMORY_KEY,
     CorruptMemory,
+    json_values,
     loaded_status,
     memory_body,
     read_memory,
@@ -51,17 +53,63 @@ def test_a_corrupt_memory_says_what_is_wrong(packed: bytes | str, says: str) -> 
     assert str(raised.value).count(MEMORY_KEY) == 1  # said once, not wrapped in a second fault
 
 
-def test_a_gzip_bomb_is_stopped_at_the_bound() -> None:
-    bomb = gzip.compress(b" " * (2 * MAX_MEMORY_BYTES), compresslevel=9)
-    assert len(bomb) < 1024 * 1024  # it fits in a ConfigMap
+# The most reading any memory may take (tracemalloc's peak): the largest accepted spec's takes
+# 34 MiB (bench/scale.py --largest reads it: tests/spec/limits_support.py).
+READ_PEAK = 64 * 1024 * 1024
+
+
+def _dicts(count: int) -> bytes:
+    """A JSON list of `count` empty objects: 3 bytes each, 64 bytes each once parsed."""
+    return b"[" + b"{}," * (count - 1) + b"{}]"
+
+
+def _strings(size: int) -> bytes:
+    """A JSON list of distinct two-letter strings, `size` bytes in all."""
+    pairs = [bytes((97 + i % 26, 97 + i // 26 % 26)) for i in range(size // 5)]
+    return b"[" + b",".join(b'"' + pair + b'"' for pair in pairs) + b"]"
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b" " * (2 * MAX_MEMORY_BYTES), "larger than"),
+        (_dicts(MAX_MEMORY_BYTES // 3 - 1), "JSON values"),
+        (_dicts(MAX_MEMORY_VALUES - 1), "not an object"),
+        (_strings(MAX_MEMORY_BYTES - 16), "quotes"),
+        (b"[" * (MAX_MEMORY_VALUES - 1), "not JSON"),
+        (b'{"a":' * (MAX_MEMORY_VALUES - 1), "not JSON"),
+    ],
+    ids=[
+        "gzip-bomb",
+        "objects-to-the-byte-bound",
+        "objects-to-the-value-bound",
+        "strings",
+        "deep-arrays",
+        "deep-objects",
+    ],
+)
+def test_reading_any_memory_takes_a_bounded_amount_of_memory(raw: bytes, says: str) -> None:
+    """Whatever a tenant writes in its memory ConfigMap (gzip of at most 1 MiB), reading it
+    stops at a bound, or parses it within READ_PEAK: JSON's Python objects take up to 25 times
+    the bytes they come from, so the values are counted before json.loads builds any."""
+    packed = gzip.compress(raw, compresslevel=9)
+    assert len(packed) < 1024 * 1024  # it fits in a ConfigMap
     tracemalloc.start()
     try:
-        with pytest.raises(CorruptMemory, match="larger than"):
-            read_memory(holding(bomb))
+        with pytest.raises(CorruptMemory, match=says):
+            loaded_status(read_memory(holding(packed)))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 3 * MAX_MEMORY_BYTES
+    assert peak < READ_PEAK, peak
+
+
+def test_values_are_counted_outside_strings_only() -> None:
+    """Brackets, commas and colons in strings (a termination message quoted in the memory) are
+    no values; escaped quotes do not end a string; a quote that nothing closes ends the count."""
+    assert json_values(b'{"a":1,"b":[1,2,"x,y:[z"]}') == 7  # all but the first key "a"
+    assert json_values(b'["\\\\",1,"\\"[,:"]') == 4
+    assert json_values(b'[1,"unclosed,:[') == 3
 
 
 def test_a_memory_that_is_no_status_is_corrupt() -> None:

@@ -41,14 +41,16 @@ from planner_sim import Sim
 from multiworld.contract import ENV_WORLDS, BrokenWorldReport, ChannelMessage, WorkerStatus, WorldAssignment
 from multiworld_operator.channel_server import MAX_LINE as MAX_LINE
 from multiworld_operator.kube.bodies import pod_body, rendezvous_host
-from multiworld_operator.kube.planner_memory import memory_body
+from multiworld_operator.kube.planner_memory import json_values, memory_body
 from multiworld_operator.kube.ports import world_ports
-from multiworld_operator.planner import CreatePod, Plan, plan
+from multiworld_operator.planner import CreatePod, MultiWorldStatus, Plan, plan
+from multiworld_operator.planner.status import RECENT_RESTARTS, RESTART_SLOTS, RestartSlot
 from multiworld_operator.spec import (
     MAX_LABEL,
     MAX_MESSAGE,
     MAX_PODS,
     MAX_RANKS,
+    MAX_RESTARTS,
     MAX_SPARES,
     MAX_SPEC_BYTES,
     MAX_WORLDS,
@@ -327,9 +329,12 @@ class Largest:
     # The CR's status (the planner's view) after the first plan, and at its largest.
     status_first_bytes: int
     status_worst_bytes: int
-    # The planner's memory ConfigMap (whole, and its data).
+    # The planner's memory ConfigMap (whole, and its data), and the memory in it decompressed
+    # (bytes, and JSON values as kube.planner_memory counts them).
     memory_configmap_bytes: int
     memory_configmap_data_bytes: int
+    memory_bytes: int
+    memory_values: int
     # The pod in most worlds: its MULTIWORLD_WORLDS string (the operator's pod body for it),
     # every annotation of it (pod_annotations) and its worker's longest message (worker_line).
     env_string_bytes: int
@@ -356,7 +361,8 @@ def measure_largest(manifest: dict[str, Any] | None = None) -> Largest:
     platform.step()  # their replacements come
     platform.waiting("w" * MAX_MESSAGE)
     worst = platform.plan()
-    memory = memory_body(data, worst.status.to_dict())
+    raw = json.dumps(with_full_histories(worst.status).to_dict(), separators=(",", ":")).encode()
+    memory = memory_body(data, json.loads(raw))
     return Largest(
         pods=len(multiworld.all_pods()) + sum(m.spares for m in multiworld.spec.members),
         ranks=sum(len(multiworld.world_pods(w.name)) for w in multiworld.spec.worlds),
@@ -369,10 +375,24 @@ def measure_largest(manifest: dict[str, Any] | None = None) -> Largest:
         status_worst_bytes=max(_json_bytes(p.status.view()) for p in (first, failure, worst)),
         memory_configmap_bytes=_json_bytes(memory),
         memory_configmap_data_bytes=sum(len(v) for v in memory["binaryData"].values()),
+        memory_bytes=len(raw),
+        memory_values=json_values(raw),
         env_string_bytes=len(worlds_env(pod_body(hub_create, data, CHANNEL_URL))),
         annotations_bytes=annotations_bytes(pod_annotations(len(multiworld.worlds_of_pod(hub)))),
         worker_line_bytes=worker_line(len(multiworld.worlds_of_pod(hub))),
     )
+
+
+def with_full_histories(status: MultiWorldStatus) -> MultiWorldStatus:
+    """`status` with every world's restart history as long as it grows: RECENT_RESTARTS restarts
+    one by one, 2 * RESTART_SLOTS slots of MAX_RESTARTS."""
+    recent = [WHEN] * RECENT_RESTARTS
+    slots = [RestartSlot(last=WHEN, count=MAX_RESTARTS)] * (2 * RESTART_SLOTS)
+    worlds = {
+        name: world.model_copy(update={"recent_restarts": recent, "earlier_restarts": slots})
+        for name, world in status.worlds.items()
+    }
+    return status.model_copy(update={"worlds": worlds})
 
 
 def plan_peak_mib(manifest: dict[str, Any] | None = None) -> float:

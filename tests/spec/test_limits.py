@@ -29,6 +29,7 @@ from spec.limits_support import (
 )
 
 from multiworld_operator.crd import crd
+from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
 from multiworld_operator.spec import (
     MAX_MEMBERS,
     MAX_PODS,
@@ -85,6 +86,9 @@ def test_what_the_operator_writes_for_the_largest_spec_fits(largest: Largest) ->
     # at its largest.
     assert largest.status_worst_bytes <= MARGIN * STATUS_ROOM, largest
     assert largest.memory_configmap_data_bytes <= MARGIN * CONFIGMAP_LIMIT, largest
+    # What the operator reads back of it (a tenant may write that ConfigMap: it reads no more).
+    assert largest.memory_bytes <= MARGIN * MAX_MEMORY_BYTES, largest
+    assert largest.memory_values <= MARGIN * MAX_MEMORY_VALUES, largest
     assert largest.env_string_bytes <= MARGIN * ENV_STRING_LIMIT, largest
     assert largest.annotations_bytes <= MARGIN * ANNOTATIONS_LIMIT, largest
     assert largest.worker_line_bytes <= MARGIN * MAX_LINE, largest

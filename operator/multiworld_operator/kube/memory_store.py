@@ -13,6 +13,7 @@ is announced by a Warning Event (MemoryRebuilt).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -62,8 +63,8 @@ class PlannerMemoryStore:
             meta = ObjectMeta.model_validate(found["metadata"])
             self.configmaps.read_at(self.name, meta.resource_version)
             try:
-                stored = read_memory(found)
-                remembered = loaded_status(stored)
+                # Off the event loop: the largest accepted spec's memory takes most of a second.
+                stored, remembered = await asyncio.to_thread(_read, found)
             except CorruptMemory as error:
                 lost = f"cannot be read ({error})"
             else:
@@ -121,3 +122,9 @@ class PlannerMemoryStore:
                 )
         self.stored, self.remembered = memory, status
         return None
+
+
+def _read(configmap: Mapping[str, Any]) -> tuple[dict[str, Any] | None, MultiWorldStatus | None]:
+    """The memory a ConfigMap holds, as stored and as the planner reads it; CorruptMemory."""
+    stored = read_memory(configmap)
+    return stored, loaded_status(stored)

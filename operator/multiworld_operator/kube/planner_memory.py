@@ -8,10 +8,12 @@ of the MultiWorld, it costs the clients that watch MultiWorlds nothing. Gzipped,
 repeats pod and world names: thousands of worlds stay far below the 1 MiB object limit.
 
 Labelled MEMORY_LABEL, not NAME_LABEL like the world table's ConfigMaps, so that deleting the
-table by label leaves the memory. A memory that cannot be read (not base64, not gzip, larger
-than MAX_MEMORY_BYTES once decompressed: a gzip bomb is stopped there, not JSON, not a status)
-is CorruptMemory; a lost or corrupt memory is rebuilt from what the cluster still shows
-(`rebuilt_memory`).
+table by label leaves the memory. The ConfigMap is in the tenant's namespace, and the tenant may
+write it: what reading it costs is bounded whatever it holds. A memory that cannot be read (not
+base64, not gzip, larger than MAX_MEMORY_BYTES once decompressed: a gzip bomb is stopped there;
+more than MAX_MEMORY_VALUES JSON values, counted before any is built; not JSON, or nested past
+the parser's depth; not a status) is CorruptMemory; a lost or corrupt memory is rebuilt from
+what the cluster still shows (`rebuilt_memory`).
 """
 
 from __future__ import annotations
@@ -32,9 +34,15 @@ from .bodies import MEMORY_LABEL, owner_reference
 from .observe import SeenPod
 
 MEMORY_KEY = "status.json.gz"
-# The most a memory may take once decompressed: the ConfigMap's 1 MiB times a ratio that JSON
-# of repeated names does not reach (the largest accepted spec's memory is far below).
-MAX_MEMORY_BYTES = 32 * 1024 * 1024
+# The most a memory may take once decompressed, and the most JSON values it may hold. The
+# largest accepted spec's memory at its largest (every pod failed and waiting, every world's
+# restart history full: tests/spec/limits_support.py measures it, test_limits.py holds it
+# within these) is 3.5 MiB of 192 thousand values, and 34 MiB once read. JSON's Python objects
+# take up to 25 times the bytes they are parsed from (`{},` a dict of 64 bytes): the count of
+# values, taken on the bytes before json.loads builds anything, is what bounds the memory a
+# read may take (about 100 bytes a value, plus the bytes themselves), and the bytes its time.
+MAX_MEMORY_BYTES = 6 * 1024 * 1024
+MAX_MEMORY_VALUES = 400_000
 
 
 class CorruptMemory(ValueError):
@@ -71,6 +79,13 @@ def read_memory(configmap: Mapping[str, Any]) -> dict[str, Any] | None:
     except (binascii.Error, ValueError) as error:
         raise CorruptMemory(f"{MEMORY_KEY} is not base64: {error}") from None
     raw = _gunzip(compressed)
+    # Each string is a value (two quotes): past that many quotes, there is no need to count.
+    quotes = raw.count(b'"')
+    if quotes > 2 * MAX_MEMORY_VALUES:
+        raise CorruptMemory(f"{MEMORY_KEY} holds {quotes} quotes, more than {MAX_MEMORY_VALUES} values' worth")
+    values = json_values(raw)
+    if values > MAX_MEMORY_VALUES:
+        raise CorruptMemory(f"{MEMORY_KEY} holds {values} JSON values, more than the {MAX_MEMORY_VALUES} a memory may")
     try:
         memory = json.loads(raw)
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -91,6 +106,21 @@ def _gunzip(compressed: bytes) -> bytes:
     if not inflater.eof:
         raise CorruptMemory(f"{MEMORY_KEY} is cut short (its gzip stream does not end)")
     return raw
+
+
+# Every byte but a quote and the three that come before a value.
+_NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[,:')
+
+
+def json_values(raw: bytes) -> int:
+    """How many values JSON text `raw` holds as json.loads would build them (objects, arrays,
+    keys, strings, numbers, literals), but an object's first key: every one but the first
+    follows a `[`, a `,` or a `:` outside strings. Escaped backslashes and quotes dropped, every
+    quote opens or closes a string (a backslash outside one ends what json.loads reads: what
+    follows it may count wrong, and is never built). Bytes operations only: a list of a piece
+    per string at most, no value built."""
+    bare = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    return 1 + sum(map(len, bare.split(b'"')[::2]))
 
 
 def loaded_status(memory: Mapping[str, Any] | None) -> MultiWorldStatus | None:
