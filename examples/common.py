@@ -266,9 +266,12 @@ def source_from_env(parser: argparse.ArgumentParser, env: WorkerEnv | None = Non
     # when it has one (a pod of a GPU member's template).
     backends = ["nccl"] if env.spare and torch.cuda.is_available() else [a.backend for a in env.worlds]
     device = choose_cuda_device(backends, rank_hint=0)
-    manager = mw.init_from_env(device=device)
+    # Each world is taken up as soon as it forms (drive_world waits for it): waiting here for
+    # every world would keep this process out of the worlds that formed while another waits
+    # for a peer, and their ops would wait on it until their op timeout.
+    manager = mw.init_from_env(device=device, wait=False)
     # A spare returns from init_from_env in the worlds of the member pod it plays.
-    assignments = env.worlds or [world.assignment for world in manager.worlds().values()]
+    assignments = env.worlds or list(manager.assignments().values())
     # Without a table channel the start-up worlds are final: nothing would ever rebuild them.
     source_type = LiveWorldSource if env.table else WorldSource
     return source_type(manager, assignments)

@@ -233,6 +233,15 @@ class WorldManager(PymultiworldFace):
         with self._held.lock:
             return sorted(self._held.names())
 
+    def assignments(self) -> dict[str, WorldAssignment]:
+        """Every world this process is in, by name: the latest assignment (rank, size, epoch,
+        store) of each, those whose join is under way included; waits for nothing."""
+        held = self._held
+        with held.lock:
+            found = {name: world.assignment for name, world in held.worlds.items()}
+            found.update({name: join.assignment for name, join in held.joins.items()})
+            return found
+
     async def wait_world(self, name: str, newer_than: int | None = None, timeout: float | None = None) -> World:
         """Until the world is held healthy at an epoch above `newer_than` (None: any epoch).
         TimeoutError after `timeout` seconds (None: no limit, so a world whose peers are gone

@@ -39,7 +39,13 @@ def init_from_env(
     start-up worlds in parallel (waiting for them unless wait=False; a world that cannot form
     is logged and reported, not raised) and follow the live table. A spare (MULTIWORLD_SPARE)
     first blocks until the table gives it an identity, whatever `wait` says; the worlds that
-    identity brings are joined like start-up worlds."""
+    identity brings are joined like start-up worlds.
+
+    A program in several worlds passes wait=False and takes each world up on its own, as soon
+    as that world forms (a task or thread per world, each starting with `wait_world(name)`;
+    `world_names()` lists them): waiting for every world first keeps this process out of the
+    worlds that formed while another waits for a peer, and their ops wait on it until their
+    op timeout."""
     environ = os.environ if environ is None else environ
     env = WorkerEnv.from_env(environ)
     config = config if config is not None else DetectConfig.from_env(environ)
