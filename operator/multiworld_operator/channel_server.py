@@ -9,9 +9,13 @@ it is that speaker's, whatever the messages claim (their `pod` is overwritten, a
 pushes that pod its part of its group's world table (the entries of its own worlds: a change
 elsewhere sends it nothing). A group is one MultiWorld.
 
-Anything in the cluster may connect, so each connection's cost is bounded: a hello within
-HELLO_TIMEOUT_S, at most MAX_GREETING connections greeting at once, lines up to MAX_LINE, and
-a message rate per connection (over it: refused; the worker reconnects more slowly).
+Anything in the cluster may connect, so what each source may cost is bounded (docs/security.md
+has the figures): a hello within HELLO_TIMEOUT_S, at most MAX_GREETING connections greeting at
+once, hellos per source address (each may cost the platform a check: a TokenReview), lines up
+to MAX_LINE bytes, messages and bytes per pod whatever its connections (a reconnection does
+not refill them), and what the platform has written to a connection and the worker has not
+read (past MAX_UNSENT the connection is dropped). Past a bound the connection is refused (the
+worker is told why, and reconnects more slowly), said in the log once a minute per source.
 """
 
 from __future__ import annotations
@@ -33,21 +37,43 @@ log = logging.getLogger(__name__)
 
 # The local runner serves one MultiWorld: every speaker is in this group.
 LOCAL: Hashable = ""
-# A first line longer than this is no hello: the connection is closed.
-MAX_LINE = 1024 * 1024
+KIB, MIB = 1 << 10, 1 << 20
+# The longest message: a longer line closes the connection. A worker's longest, the status of
+# a pod in MAX_WORLDS_PER_POD worlds with every name and number at its longest, is 64 KiB
+# (tests/spec/limits_support.py's worker_line).
+MAX_LINE = 128 * KIB
 # A connection must prove who speaks within this long, and only so many may be trying at once:
 # silent, slow or junk connections (anything in the cluster may connect) cost a bounded amount.
 HELLO_TIMEOUT_S = 10.0
 MAX_GREETING = 64
-# What one connection may send: a burst, then a steady rate. A worker sends a status per table
-# it applies and a report per world it saw break (on connecting: its status and a report per
-# world, twice over fits the burst); beyond this it is refused and reconnects later.
+# What one pod may send, over all its connections: a burst, then a steady rate, of messages
+# and of bytes. A worker sends a status per change (a world joined, a table applied) and a
+# report per world it saw break (on connecting: its status and a report per world, twice over
+# fits the burst). The pod in most worlds of the largest accepted spec sends 7.8 MiB of
+# statuses while it joins its 200 worlds again (names of 63 characters); past the burst its
+# connection is refused, and it sends its latest status when it reconnects.
 MESSAGE_BURST = 2 * (MAX_WORLDS_PER_POD + 1)
 MESSAGES_PER_S = 50.0
+BYTE_BURST = 8 * MIB
+BYTES_PER_S = 256 * KIB
+# Hellos per source address, which may each cost the platform a check of the pod's token: a
+# worker says one per connection, and reconnects at most twice a second.
+HELLO_BURST = 10
+HELLOS_PER_S = 1.0
+# What a connection may hold of the tables written to it and not yet read by its worker: the
+# largest part of the largest accepted spec's table one pod gets is 220 KiB. Past it the
+# connection is dropped (a worker that stops reading would keep every table in the platform's
+# memory); the worker reconnects and gets the table anew.
+MAX_UNSENT = 1 * MIB
+# How long a refusal may take to write before the connection is closed without it.
+REFUSE_WRITE_S = 1.0
 # A warning of the channel (a refusal, a silent or junk connection) is said once per kind and
 # source this often, with a count of the ones held back; sources remembered at most.
 LOG_EVERY_S = 60.0
 MAX_LOG_KEYS = 4096
+# Budgets (per pod, per source) are kept while they are not full again: looked over for full
+# ones when they grow past this, or twice what the last look kept.
+PRUNE_BUDGETS_FROM = 1024
 
 
 @dataclass(frozen=True)
@@ -63,7 +89,8 @@ class Refused(Exception):
     """A hello that does not prove who speaks; the message is sent to the worker."""
 
 
-Authenticate = Callable[[Hello], Awaitable[Speaker]]
+# A hello and the address it came from -> who speaks; Refused.
+Authenticate = Callable[[Hello, str], Awaitable[Speaker]]
 
 
 def local_url(port: int) -> str:
@@ -71,7 +98,7 @@ def local_url(port: int) -> str:
     return f"local://127.0.0.1:{port}"
 
 
-async def trust_hello(hello: Hello) -> Speaker:
+async def trust_hello(hello: Hello, source: str) -> Speaker:
     """The local runner's processes are the user's own: a hello is who it says."""
     return Speaker(LOCAL, hello.pod)
 
@@ -93,6 +120,9 @@ class ChannelServer:
         self._server: asyncio.Server | None = None
         # Connections that have not proven who speaks yet.
         self._greeting = 0
+        # What each pod may still send, by (group, pod).
+        self._messages = Budgets(MESSAGE_BURST, MESSAGES_PER_S)
+        self._bytes = Budgets(BYTE_BURST, BYTES_PER_S)
         self._warn = _QuietLog().warn
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -131,6 +161,18 @@ class ChannelServer:
         except (ConnectionError, RuntimeError):
             self._writers.pop((group, pod), None)
             return
+        unsent = writer.transport.get_write_buffer_size()
+        if unsent > MAX_UNSENT:
+            self._warn(
+                ("unread", _host(writer)),
+                "pod %s (%s) left %d bytes of tables unread; dropped its connection",
+                pod,
+                _peer(writer),
+                unsent,
+            )
+            self._writers.pop((group, pod), None)
+            writer.transport.abort()
+            return
         self._sent[(group, pod)] = part
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -150,10 +192,14 @@ class ChannelServer:
                 self._greeting -= 1
             if speaker is None:
                 return
-            budget = _Budget(MESSAGE_BURST, MESSAGES_PER_S)
+            key = (speaker.group, speaker.pod)
             while line := await reader.readline():
-                if not budget.take():
-                    await self._refuse(writer, f"more than {MESSAGES_PER_S:g} messages a second from pod {speaker.pod}")
+                if not (self._messages.take(key) and self._bytes.take(key, len(line))):
+                    await self._refuse(
+                        writer,
+                        f"pod {speaker.pod} sent more than {MESSAGE_BURST} messages or {BYTE_BURST // MIB} MiB at "
+                        f"once, or than {MESSAGES_PER_S:g} messages or {BYTES_PER_S // KIB} KiB a second after",
+                    )
                     return
                 self._receive(speaker, line)
         except (ConnectionError, ValueError, asyncio.IncompleteReadError):
@@ -170,7 +216,7 @@ class ChannelServer:
             hello = ChannelMessage.decode(await reader.readline()).hello
             if hello is None:
                 raise Refused("the first message on a connection must be a hello")
-            speaker = await self._authenticate(hello)
+            speaker = await self._authenticate(hello, _host(writer))
         except (Refused, ValidationError) as refusal:
             reason = str(refusal) if isinstance(refusal, Refused) else "the first line is not a channel message"
             await self._refuse(writer, reason)
@@ -190,7 +236,10 @@ class ChannelServer:
         # which a source could vary at will.
         self._warn(("refused", _host(writer)), "refused a connection from %s: %s", _peer(writer), reason)
         writer.write(ChannelMessage(refused=reason).encode())
-        await writer.drain()
+        try:
+            await asyncio.wait_for(writer.drain(), REFUSE_WRITE_S)
+        except TimeoutError:
+            writer.transport.abort()  # it reads nothing: closed without being told
 
     def _receive(self, speaker: Speaker, line: bytes) -> None:
         try:
@@ -234,22 +283,30 @@ class _QuietLog:
         log.warning("channel: " + message + "%s", *args, held)
 
 
-class _Budget:
-    """A token bucket: `burst` messages at once, refilled at `rate` a second."""
+class Budgets:
+    """A token bucket per key (a pod, a source address), kept across its connections: `burst`
+    at once, refilled at `rate` a second. A bucket full again is forgotten (a new one is the
+    same), so those kept are of keys that spent within the last burst / rate seconds."""
 
-    def __init__(self, burst: int, rate: float) -> None:
+    def __init__(self, burst: float, rate: float) -> None:
         self.burst, self.rate = burst, rate
-        self.tokens = float(burst)
-        self.at = time.monotonic()
+        # Key -> (tokens, when they were counted).
+        self._buckets: dict[Hashable, tuple[float, float]] = {}
+        self._prune_at = PRUNE_BUDGETS_FROM
 
-    def take(self) -> bool:
+    def take(self, key: Hashable, amount: float = 1.0) -> bool:
+        """Spend `amount` of `key`'s budget; False (nothing spent) when it holds less."""
         now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
+        tokens, at = self._buckets.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        taken = tokens >= amount
+        self._buckets[key] = (tokens - amount if taken else tokens, now)
+        if len(self._buckets) > self._prune_at:
+            self._buckets = {
+                k: (t, at) for k, (t, at) in self._buckets.items() if t + (now - at) * self.rate < self.burst
+            }
+            self._prune_at = max(PRUNE_BUDGETS_FROM, 2 * len(self._buckets))
+        return taken
 
 
 def _host(writer: asyncio.StreamWriter) -> str:

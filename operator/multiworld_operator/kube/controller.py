@@ -2,8 +2,11 @@
 
 Each loop runs its Reconciler's steps one at a time (that is the per-MultiWorld lock: two
 steps of one MultiWorld never overlap), and waits between steps for a wake-up (its MultiWorld,
-one of its pods or its Service changed), for the planner's `requeue_after`, after an error for
-a growing backoff, or at the latest for a periodic resync that makes up for any missed event.
+one of its pods or its Service changed, a worker's report or status was news), for the
+planner's `requeue_after`, after an error for a growing backoff, or at the latest for a
+periodic resync that makes up for any missed event. A worker's status wakes it no sooner than
+MIN_STATUS_STEP_S after its last step began: a worker may change its status as often as the
+channel lets it, and a step may write the status and the memory.
 Every failed step shows on its MultiWorld (Reconciler.report_error: the Reconciled condition,
 and a Warning Event when the failure is new), not only in this log.
 
@@ -42,6 +45,8 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 # How soon a loop looks again when it may not act (its leader's Lease is overdue for renewal).
 MAY_ACT_POLL_S = 0.5
+# A step for a worker's status news begins at least this long after the step before.
+MIN_STATUS_STEP_S = 0.2
 
 Key = tuple[str, str]
 
@@ -60,6 +65,9 @@ class ReconcileLoop:
         self.may_act = may_act
         self.wake = asyncio.Event()
         self.backoff = Backoff(BACKOFF_FIRST_S, BACKOFF_MAX_S)
+        # When the last step began, and the wake-up a status news waits for (if one does).
+        self.stepped_at = 0.0
+        self._later: asyncio.TimerHandle | None = None
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"reconcile {self.key}")
 
     @property
@@ -67,6 +75,19 @@ class ReconcileLoop:
         return self.reconciler.namespace, self.reconciler.name
 
     def poke(self) -> None:
+        self.wake.set()
+
+    def poke_for_status(self) -> None:
+        """Wake for a worker's status news: at once if the last step began MIN_STATUS_STEP_S
+        ago, else then."""
+        wait = self.stepped_at + MIN_STATUS_STEP_S - time.monotonic()
+        if wait <= 0:
+            self.wake.set()
+        elif self._later is None:
+            self._later = asyncio.get_running_loop().call_later(wait, self._woken_later)
+
+    def _woken_later(self) -> None:
+        self._later = None
         self.wake.set()
 
     async def _run(self) -> None:
@@ -80,6 +101,7 @@ class ReconcileLoop:
             if not self.may_act():
                 wait = MAY_ACT_POLL_S
                 continue
+            self.stepped_at = time.monotonic()
             try:
                 with self.metrics.step_duration.time():
                     wait = await self.reconciler.step()
@@ -110,6 +132,8 @@ class ReconcileLoop:
         return delay
 
     async def stop(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
@@ -165,7 +189,7 @@ class Controller:
     def _worker_status(self, speaker: Speaker, status: WorkerStatus) -> None:
         loop = self.loops.get(cast(Key, speaker.group))
         if loop is not None and loop.reconciler.worker_status(speaker, status):
-            loop.poke()
+            loop.poke_for_status()
 
     def _worker_report(self, speaker: Speaker, report: BrokenWorldReport) -> None:
         loop = self.loops.get(cast(Key, speaker.group))

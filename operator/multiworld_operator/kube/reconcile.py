@@ -150,7 +150,7 @@ class Reconciler:
 
     def worker_status(self, speaker: Speaker, status: WorkerStatus) -> bool:
         """What a pod's worker holds now; True when it is news for the planner."""
-        return self.pods.ours(speaker.pod, speaker.uid) and self.inbox.status(speaker.uid, status)
+        return self.pods.ours(speaker.pod, speaker.uid) and self.inbox.status(speaker.uid, status, self._published)
 
     def worker_report(self, speaker: Speaker, report: BrokenWorldReport) -> bool:
         """A pod's worker saw a world break; True when the report counts (or waits for the table

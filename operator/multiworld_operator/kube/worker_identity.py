@@ -3,10 +3,16 @@ a TokenReview (once per connection), must be a pod-bound ServiceAccount token of
 (multiworld.contract.TOKEN_AUDIENCE) whose pod is the one the hello names, and that pod (by uid)
 must be one this operator made for a MultiWorld it serves. A worker therefore speaks only for
 its own pod, whatever its code does; what it may say is checked per message by the reconciler.
+
+A TokenReview is a request to the API server on the operator's shared thread pool, asked for
+by anything that can connect: each source address may say HELLO_BURST hellos with a token at
+once and HELLOS_PER_S a second after (past it: refused unchecked), and at most MAX_REVIEWS are
+under way at once (the others wait their turn, within the channel's hello deadline).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Hashable
 
@@ -14,7 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from multiworld.contract import TOKEN_AUDIENCE, TOKEN_PATH, Hello
 
-from ..channel_server import Refused, Speaker
+from ..channel_server import HELLO_BURST, HELLOS_PER_S, Budgets, Refused, Speaker
 from .api import KubeApi
 from .api_basics import api_message
 
@@ -23,6 +29,8 @@ log = logging.getLogger(__name__)
 POD_NAME_CLAIM = "authentication.kubernetes.io/pod-name"
 POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"
 SERVICEACCOUNT_PREFIX = "system:serviceaccount:"
+# TokenReviews under way at once (the API calls share a pool of 16 threads: most stay for the steps).
+MAX_REVIEWS = 4
 
 # (namespace, pod, uid) -> the MultiWorld that pod is of (None: no MultiWorld this operator serves).
 Locate = Callable[[str, str, str], Hashable | None]
@@ -32,14 +40,22 @@ class PodIdentities:
     def __init__(self, api: KubeApi, locate: Locate) -> None:
         self.api = api
         self.locate = locate
+        self._hellos = Budgets(HELLO_BURST, HELLOS_PER_S)
+        self._reviews = asyncio.Semaphore(MAX_REVIEWS)
 
-    async def authenticate(self, hello: Hello) -> Speaker:
+    async def authenticate(self, hello: Hello, source: str) -> Speaker:
         if not hello.token:
             raise Refused(
                 f"pod {hello.pod} sent no token: the operator mounts one in every pod it makes ({TOKEN_PATH})"
             )
+        if not self._hellos.take(source):
+            raise Refused(
+                f"{source} said more than {HELLO_BURST} hellos at once or {HELLOS_PER_S:g} a second after; "
+                "its token is not checked"
+            )
         try:
-            review = await self.api.review_token(hello.token, TOKEN_AUDIENCE)
+            async with self._reviews:
+                review = await self.api.review_token(hello.token, TOKEN_AUDIENCE)
         except ApiException as error:
             # The operator's own problem (its RBAC, the API server): said in its log too.
             log.warning("TokenReview failed: %s", api_message(error))

@@ -7,15 +7,22 @@ the pod is not in, or for an epoch the world has not reached, is refused and sai
 MultiWorld (a Warning Event naming the pod, once per pod and world); one for an epoch already
 past is a report that crossed the new table in flight, dropped quietly. Accepted reports last
 only as long as the epoch they name.
+
+What is kept is bounded by the table, not by what workers send (each message may be up to the
+channel's MAX_LINE): a status keeps only what it says of the worlds its pod holds a rank in
+(once the table is known: at every step), a report's reason its first MAX_REASON characters,
+so that all a MultiWorld's workers hold in the operator grows with its ranks.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Set
 
 from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldEntry, WorldTable
+
+from ..spec import MAX_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +30,8 @@ log = logging.getLogger(__name__)
 REPORT_REFUSED = "ReportRefused"
 # Refusals remembered (to say each once); forgotten all at once beyond this.
 MAX_WARNED = 1024
+# A report's reason as kept (the failure it causes quotes less of it: MAX_FAILURE_MESSAGE).
+MAX_REASON = 1024
 
 
 class WorkerInbox:
@@ -37,8 +46,11 @@ class WorkerInbox:
         self._warned: set[tuple[str, str]] = set()
         self._refusals: list[str] = []
 
-    def status(self, uid: str, status: WorkerStatus) -> bool:
-        """Take a worker's status; whether it is news."""
+    def status(self, uid: str, status: WorkerStatus, table: WorldTable | None) -> bool:
+        """Take a worker's status (of pod `status.pod`), what it says of the worlds `table`
+        gives that pod only, when the table is known; whether it is news."""
+        if table is not None:
+            status = _within(status, {w.name for w in table.worlds if status.pod in w.pods})
         if self.statuses.get(uid) == status:
             return False
         self.statuses[uid] = status
@@ -46,6 +58,7 @@ class WorkerInbox:
 
     def report(self, pod: str, report: BrokenWorldReport, table: WorldTable | None) -> bool:
         """Take a report from `pod`; whether it was accepted (news for the planner)."""
+        report = report.model_copy(update={"reason": report.reason[:MAX_REASON], "plays": report.plays[:MAX_LABEL]})
         if table is None:
             self._unchecked[(pod, report.world)] = report
             return True
@@ -84,10 +97,11 @@ class WorkerInbox:
         return refusals
 
     def current(
-        self, table: WorldTable, uids: set[str], addresses: Mapping[str, str] | None = None
+        self, table: WorldTable, uids: Collection[str], addresses: Mapping[str, str] | None = None
     ) -> tuple[dict[str, WorkerStatus], list[BrokenWorldReport]]:
-        """The statuses of the pod instances `uids` and the reports at their world's current
-            epoch in `table`; what is older is forgotten. `addresses` (pod IP -> pod) name the culprit
+        """The statuses of the pod instances `uids` (what each says of its pod's worlds in
+        `table`) and the reports at their world's current epoch in `table`; what is older is
+        forgotten. `addresses` (pod IP -> pod) name the culprit
         of a report that names none where its reason gives the address of exactly one other rank
         (a failed op's error: gloo says "Connection closed by peer [10.244.0.79]:18818"), so a
         peer's report replaces the dead pod at once rather than when its kubelet says it failed."""
@@ -96,10 +110,30 @@ class WorkerInbox:
             self.report(pod, report, table)
         epochs = {w.name: w.epoch for w in table.worlds}
         self._reports = {key: r for key, r in self._reports.items() if epochs.get(r.world) == r.epoch}
-        self.statuses = {uid: s for uid, s in self.statuses.items() if uid in uids}
+        worlds: dict[str, set[str]] = {}  # pod -> its worlds in the table
+        for world in table.worlds:
+            for pod in world.pods:
+                worlds.setdefault(pod, set()).add(world.name)
+        self.statuses = {uid: _within(s, worlds.get(s.pod, set())) for uid, s in self.statuses.items() if uid in uids}
         entries, addresses = {w.name: w for w in table.worlds}, addresses or {}
         reports = [_named_by_address(r, pod, entries[r.world], addresses) for (_, pod), r in self._reports.items()]
         return dict(self.statuses), reports
+
+
+def _within(status: WorkerStatus, worlds: Set[str]) -> WorkerStatus:
+    """What `status` says of `worlds` (its pod's) only; itself when it says of no other."""
+    said = (status.joined, status.joining, status.errors, status.joined_at)
+    if all(w in worlds for part in said for w in part) and len(status.plays) <= MAX_LABEL:
+        return status
+    return status.model_copy(
+        update={
+            "joined": {w: e for w, e in status.joined.items() if w in worlds},
+            "joining": {w: e for w, e in status.joining.items() if w in worlds},
+            "errors": {w: n for w, n in status.errors.items() if w in worlds},
+            "joined_at": {w: t for w, t in status.joined_at.items() if w in worlds},
+            "plays": status.plays[:MAX_LABEL],
+        }
+    )
 
 
 # A peer's address in a failed op's error ("[10.244.0.79]:18818", "[fd00::5]:18818").
