@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import subprocess
+import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 from pydantic import ValidationError
+from torch.distributed import TCPStore
 from worker_support import free_ports, table
 
 import multiworld as mw
@@ -136,6 +140,52 @@ def test_following_a_table_a_timed_out_join_goes_on_waiting(table_server) -> Non
         first.close()
         if late is not None:
             late.close()
+
+
+STALE_STORE = """
+import sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+store = TCPStore("127.0.0.1", int(sys.argv[1]), None, True, timedelta(seconds=30), wait_for_workers=False)
+print("serving", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_following_a_table_a_join_whose_store_went_away_is_tried_again(table_server) -> None:
+    """The store at the table's address belongs to a process about to end (on Kubernetes: the
+    replaced instance of the rank-0 pod, its name still resolving to its old address, its
+    process still up for a moment): the member reaches it, then loses it. It tries the same
+    epoch again and joins once the new rank 0 serves there; it used to give that epoch up for
+    good, and nothing else would ever have asked it to join (the world waited for it until the
+    platform's join timeout replaced it)."""
+    (port,) = free_ports(1)
+    stale = subprocess.Popen([sys.executable, "-c", STALE_STORE, str(port)], stdout=subprocess.PIPE, text=True)
+    member = rank0 = None
+    try:
+        assert stale.stdout is not None and stale.stdout.readline().strip() == "serving"
+        table_server.publish(table(1, ("w", 2, port, ["p0", "p1"])))
+        (member,) = managers(table_server, "p1")
+        probe = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=10))
+        deadline = time.monotonic() + 60
+        while not probe.check(["w/epoch"]):  # the member's rendezvous is under way there
+            assert time.monotonic() < deadline, "the member never reached the store"
+            time.sleep(0.05)
+        del probe
+        stale.kill()
+        stale.wait()
+        table_server.wait_until(
+            lambda: any(r.world == "w" and r.reason.startswith("join failed: ") for r in table_server.reports),
+            "the lost store reported",
+        )
+        (rank0,) = managers(table_server, "p0")
+        worlds = [m.wait_world_blocking("w", timeout=60) for m in (rank0, member)]
+        assert [w.epoch for w in worlds] == [2, 2]
+    finally:
+        stale.kill()
+        for manager in (member, rank0):
+            if manager is not None:
+                manager.close()
 
 
 def _port_free(port: int) -> bool:

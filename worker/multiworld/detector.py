@@ -37,7 +37,7 @@ from pydantic import BaseModel
 
 from multiworld import metrics
 from multiworld.detect_config import DetectConfig
-from multiworld.errors import WorldJoinError, short
+from multiworld.errors import StoreLost, short
 from multiworld.shutdown import start_thread
 from multiworld.verdicts import Verdict, abort_key, epoch_key
 
@@ -448,9 +448,7 @@ class Detector(_Owner):
         try:
             store = TCPStore(key[0], key[1], None, False, timedelta(seconds=timeout))
         except Exception as exc:
-            raise WorldJoinError(
-                f"cannot reach the failure detector of rank 0 at {key[0]}:{key[1]}: {short(exc)}"
-            ) from exc
+            raise StoreLost(f"cannot reach the failure detector of rank 0 at {key[0]}:{key[1]}: {short(exc)}") from exc
         with self._lock:
             link = self._links.setdefault(key, _Link(self, key, self._counted(store, self._load.beat_stores)))
             link.pins += 1

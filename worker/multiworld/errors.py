@@ -60,6 +60,12 @@ class JoinTimedOut(WorldJoinError):
     a peer may be slow to start (its pod still scheduling or pulling its image)."""
 
 
+class StoreLost(WorldJoinError):
+    """The world's store was reached, then failed or went away during the join (on Kubernetes,
+    the address may still lead to a replaced rank-0 instance for a moment). Following a live
+    table, the join is tried again."""
+
+
 class StaleEpochError(WorldJoinError):
     """The world has moved on to a newer epoch than the one asked for."""
 

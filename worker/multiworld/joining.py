@@ -16,7 +16,7 @@ from multiworld import metrics, shutdown
 from multiworld.contract import WorldAssignment
 from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector
-from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, WorldJoinError
+from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, StoreLost, WorldJoinError
 from multiworld.holdings import Holdings
 from multiworld.worker_status import StatusReporter
 
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A join that lost its store tries again after this pause, so that a store which fails at once
+# (an instance shutting down) is not asked again and again.
+RETRY_PAUSE_S = 0.5
+
 
 def as_assignment(value: WorldAssignment | Mapping[str, Any]) -> WorldAssignment:
     return value if isinstance(value, WorldAssignment) else WorldAssignment.model_validate(value)
@@ -34,18 +38,20 @@ def as_assignment(value: WorldAssignment | Mapping[str, Any]) -> WorldAssignment
 
 class Join:
     """One rendezvous in flight on its own daemon thread. `config` and `device`: this join's
-    own, where they differ from the manager's (None: the manager's). `done` is set once it
-    ended, with `world` or `error` set."""
+    own, where they differ from the manager's (None: the manager's); `pause`: seconds it waits
+    before it starts (a try again). `done` is set once it ended, with `world` or `error` set."""
 
     def __init__(
         self,
         assignment: WorldAssignment,
         config: DetectConfig | None = None,
         device: str | torch.device | None = None,
+        pause: float = 0.0,
     ) -> None:
         self.assignment = assignment
         self.config = config
         self.device = device
+        self.pause = pause
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self.world: World | None = None
@@ -160,10 +166,14 @@ class Joiner:
                 stores.stop_serving(a.name, a.port)
 
     def _launch(
-        self, a: WorldAssignment, config: DetectConfig | None = None, device: str | torch.device | None = None
+        self,
+        a: WorldAssignment,
+        config: DetectConfig | None = None,
+        device: str | torch.device | None = None,
+        pause: float = 0.0,
     ) -> Join:
         """Register a join of `a` (under the lock) and run it on its own thread."""
-        join = Join(a, config, device)
+        join = Join(a, config, device, pause)
         self._held.joins[a.name] = join
         shutdown.start_thread(self._run, f"mw-join-{a.name}-{a.epoch}", join)
         return join
@@ -171,6 +181,7 @@ class Joiner:
     def _run(self, join: Join) -> None:
         from multiworld.world import form_world
 
+        join.cancelled.wait(join.pause)  # a join called off meanwhile ends at once in form_world
         try:
             world = form_world(
                 join.assignment,
@@ -212,13 +223,15 @@ class Joiner:
         with held.lock:
             current = held.joins.get(a.name) is join
             # Following a live table, a join that timed out goes on waiting (a peer's pod may be
-            # scheduling or pulling its image); the platform decides from the report whether
-            # the epoch failed, and a newer epoch calls this join off.
-            again = current and isinstance(exc, JoinTimedOut) and self._follows_table and not held.closed
+            # scheduling or pulling its image), and one that lost its store tries again (the
+            # address may have led to a replaced instance); the platform decides from the
+            # report whether the epoch failed, and a newer epoch calls this join off.
+            again = current and isinstance(exc, (JoinTimedOut, StoreLost)) and self._follows_table and not held.closed
             if current:
                 del held.joins[a.name]
                 if again:
-                    self._launch(a, join.config, join.device)
+                    pause = RETRY_PAUSE_S if isinstance(exc, StoreLost) else 0.0
+                    self._launch(a, join.config, join.device, pause)
                 else:
                     held.given_up[a.name] = max(held.given_up.get(a.name, 0), a.epoch)
         if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):

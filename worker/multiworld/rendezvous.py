@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from torch.distributed import Store
 
 from multiworld.contract import WorldAssignment, store_prefix
-from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, WorldJoinError, short
+from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, StoreLost, WorldJoinError, short
 from multiworld.verdicts import Verdict, abort_key, epoch_key
 
 # How often a waiting member looks for the others: the bound on how late it notices them.
@@ -108,7 +108,7 @@ class Rendezvous:
         except WorldJoinError:
             raise
         except Exception as exc:  # the store went away under us
-            raise WorldJoinError(f"{self._what}: rendezvous failed: {short(exc)}") from exc
+            raise StoreLost(f"{self._what}: rendezvous failed: {short(exc)}") from exc
 
     def _fence_epoch(self) -> None:
         key, mine = epoch_key(self._a.name), str(self._a.epoch)

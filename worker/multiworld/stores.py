@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 
-from multiworld.errors import JoinCancelled, JoinTimedOut, WorldJoinError
+from multiworld.errors import JoinCancelled, JoinTimedOut, StoreLost, WorldJoinError
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,6 @@ def connect(
         try:
             client = TCPStore(host, port, None, False, timedelta(seconds=max(remaining, 1.0)))
         except Exception as exc:
-            raise WorldJoinError(f"cannot reach the store of world {world!r} at {host}:{port}: {exc}") from exc
+            raise StoreLost(f"cannot reach the store of world {world!r} at {host}:{port}: {exc}") from exc
         client.set_timeout(timedelta(seconds=wait_timeout))
         return client
