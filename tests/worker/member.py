@@ -301,6 +301,21 @@ def join(args: dict[str, Any]) -> None:
     manager.close()
 
 
+def gone_before_build(args: dict[str, Any]) -> None:
+    """Take part in the world's handshake as a member would, then die before the communicator
+    is built (a pod killed at that moment): its peers' builds wait for it."""
+    from multiworld import stores
+    from multiworld.rendezvous import Rendezvous
+
+    a = mw.WorldAssignment.model_validate(args["world"])
+    never = threading.Event()
+    deadline = time.monotonic() + 60
+    store = stores.open_client(a.name, a.rank, a.host, a.port, deadline=deadline, cancelled=never, wait_timeout=60)
+    Rendezvous(store, a, pod=args.get("pod", ""), deadline=deadline, cancelled=never).run()
+    emit("handshake_done")
+    os._exit(0)
+
+
 def bad_args(args: dict[str, Any]) -> None:
     """Every bad call must raise a clear error and leave the world working."""
     manager = mw.WorldManager(pod=args["pod"], config=config(args))
@@ -461,6 +476,7 @@ SCENARIOS: dict[str, Callable[[dict[str, Any]], None]] = {
     "collectives": collectives,
     "steady": steady,
     "join": join,
+    "gone_before_build": gone_before_build,
     "bad_args": bad_args,
     "frozen_exit": frozen_exit,
     "blocked_recv": blocked_recv,

@@ -175,6 +175,20 @@ def test_old_epoch_is_fenced_out(spawn) -> None:
     assert [s["wrong"] for s in summaries] == [{"w": 0}, {"w": 0}]
 
 
+def test_a_member_gone_while_the_communicator_is_built_fails_the_join_naming_it(spawn) -> None:
+    """Rank 1 takes part in the handshake, then dies before the communicator is built: rank 0,
+    whose build waits for every member, fails its join naming rank 1 and its pod, instead of
+    waiting out the op timeout (60 s here) with a timeout that names nobody."""
+    (port,) = free_ports(1)
+    args = {"detect": TEST_DETECT}
+    rank0 = spawn("join", {**args, "pod": "A", "world": assignment("w", 0, 2, port)})
+    gone = spawn("gone_before_build", {"pod": "B", "world": assignment("w", 1, 2, port)})
+    gone.wait_for("handshake_done")
+    failed = rank0.wait_for("join_error")
+    assert "rank 1 (pod B)" in failed["message"] and "being built" in failed["message"], failed
+    assert rank0.wait_exit() == 0
+
+
 def test_members_told_different_sizes_are_refused(spawn) -> None:
     (port,) = free_ports(1)
     args = {"detect": TEST_DETECT}

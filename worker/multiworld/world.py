@@ -14,10 +14,11 @@ from torch._C._distributed_c10d import Backend, PrefixStore, ProcessGroup
 
 from multiworld import shutdown, stores
 from multiworld.backends import Driver, make_driver
+from multiworld.building import BuildWatch
 from multiworld.contract import WorldAssignment
 from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector, Watch
-from multiworld.errors import WorldBrokenError, short
+from multiworld.errors import WorldBrokenError, WorldJoinError, short
 from multiworld.ops import Collectives
 from multiworld.rendezvous import Rendezvous
 from multiworld.verdicts import Verdict
@@ -212,20 +213,39 @@ def form_world(
     beat = detector.announce(hosting=a.rank == 0) if config.heartbeat else None
     members = Rendezvous(store, a, pod=pod, deadline=deadline, cancelled=cancelled, beat=beat).run()
     linked = config.heartbeat and a.rank != 0
-    if linked:
-        detector.connect_link(a.host, members[0], timeout=max(deadline - time.monotonic(), 1.0))
-    try:
-        pg = driver.build(
-            PrefixStore(f"{a.store_prefix}pg/", store),
-            a.rank,
-            a.size,
-            timedelta(seconds=config.op_timeout),
-            f"{a.name}:{a.epoch}",
-        )
-    except BaseException:
+
+    def build() -> ProcessGroup:
+        if linked:
+            detector.connect_link(a.host, members[0], timeout=max(deadline - time.monotonic(), 1.0))
+        try:
+            return driver.build(
+                PrefixStore(f"{a.store_prefix}pg/", store),
+                a.rank,
+                a.size,
+                timedelta(seconds=config.op_timeout),
+                f"{a.name}:{a.epoch}",
+            )
+        except BaseException:
+            if linked:
+                detector.unpin(a.host, members[0])
+            raise
+
+    def discard(pg: ProcessGroup) -> None:
+        """A build that ended after its join gave it up: nothing will watch its world."""
         if linked:
             detector.unpin(a.host, members[0])
-        raise
+        driver.abort([pg])
+
+    try:
+        if config.heartbeat:
+            pods = [str(m.get("pod") or "") for m in members]
+            pg = BuildWatch(client(), a, pods, config, cancelled).run(build, discard)
+        else:
+            pg = build()
+    except RuntimeError as exc:  # the backend's own failure (a timeout, a peer that refused)
+        raise WorldJoinError(
+            f"world {a.name!r} epoch {a.epoch}: building the communicator failed: {short(exc)}"
+        ) from exc
     world = World(a, pg=pg, driver=driver, store=store, config=config, on_broken=on_broken)
     if config.heartbeat:
         detector.watch(world._heartbeat, members, a.host)
