@@ -166,3 +166,13 @@ def test_heartbeats_reports_requests_per_interval_and_the_cost_of_shared_worlds(
     assert all(positive(v) for v in per_world["threads"].values()), per_world
     # Memory per world is a difference of RSS readings: noise at the few worlds of --quick.
     assert all(math.isfinite(v) for v in per_world["rss_mib"].values()), per_world
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_journeys_reports_the_start_and_the_settle_of_each_drawn_journey() -> None:
+    figures = run_bench("journeys.py")
+    assert set(figures) == {"journeys", "start_s", "settle_s"}
+    assert figures["journeys"] == 1
+    assert spread(figures["start_s"]), figures
+    # Settled at the last change of state: a fault that moved nothing settles at once.
+    assert all(math.isfinite(v) and v >= 0 for v in figures["settle_s"].values()), figures
