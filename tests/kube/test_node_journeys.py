@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from harness.dashboard import queries, substituted
 from harness.prometheus import Prometheus
 from kubernetes import client
@@ -666,3 +667,50 @@ def test_warm_spares_take_a_killed_members_place(
         assert len(updated) == 1 and f"pod {name}-w1-0 " in updated[0], updated
         _wait_log(kube_node, operator, warm, "rank: 1 has tensor")
         _assert_world2_untouched(kube_node, operator, kube, name)
+
+
+# Issue 33's chain: two levels of sharing (b in x and y, c in y and z), every member in use.
+CHAIN_WORLDS = {"x": ["a", "b"], "y": ["b", "c"], "z": ["c", "d"]}
+
+
+def test_a_chain_of_shared_members_recovers_from_each_kill_and_rolls_out(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
+) -> None:
+    """Each pod of the chain deleted in turn (as `kubectl delete pod` does: with a grace period,
+    so the old process outlives its Pod object for a moment while its name already leads to the
+    replacement): only the worlds it holds a rank in move, and they run again at once with
+    every rank; then a template edit rolls every pod out with no restart counted. A kept member
+    used to give up a world's new epoch whose store it reached at the old instance's address,
+    and a new member of two worlds stayed out of both until both formed."""
+    name = "chain"
+    path = example_manifest("all_gather", name, tmp_path, interval=0.2)
+    manifest = yaml.safe_load(path.read_text())
+    manifest["spec"]["members"] = [{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "d", "replicas": 2}]
+    policy = manifest["spec"]["worlds"][0]["failurePolicy"]
+    manifest["spec"]["worlds"] = [{"name": w, "ranks": r, "failurePolicy": policy} for w, r in CHAIN_WORLDS.items()]
+    path.write_text(yaml.safe_dump(manifest))
+    with _applied(kube_node, operator, kube, path, name):
+        epochs = dict.fromkeys(CHAIN_WORLDS, 1)
+        _wait_running(kube, name, epochs)
+        for pod in ("a-0", "b-0", "c-0", "d-1"):
+            member = pod.split("-")[0]
+            kubectl(kube_node, "delete", "pod", f"{name}-{pod}", "-n", operator.apps, "--wait=false")
+            for world, ranks in CHAIN_WORLDS.items():
+                epochs[world] += member in ranks
+            _wait_running(kube, name, epochs)
+        restarts = {w: s["restarts"] for w, s in kube.status(name)["worlds"].items()}
+
+        template = json.loads(json.dumps(manifest["spec"]["template"]))
+        (container,) = template["spec"]["containers"]
+        container["env"] = [*container.get("env", []), {"name": "ROLLOUT", "value": "1"}]
+        started = time.monotonic()
+        kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge",
+                "-p", json.dumps({"spec": {"template": template}}))  # fmt: skip
+        status = _wait_rollout_complete(kube, name, "the chain's new template")
+        print(f"chain rollout of 5 pods: {time.monotonic() - started:.1f} s")
+        assert {w: s["restarts"] for w, s in status["worlds"].items()} == restarts, status
+        for pod in kube.pods(name).values():
+            env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+            assert env.get("ROLLOUT") == "1", f"{pod.metadata.name} is not of the new template"
+        for world, ranks in CHAIN_WORLDS.items():
+            _wait_log(kube_node, operator, f"{name}-{ranks[-1]}-0", f"from {world} has gathered tensors: ")
