@@ -8,7 +8,7 @@ PIP_QUIET := --quiet --disable-pip-version-check
 # of `make test` is read off these lines: tests/cluster/cold_test.sh sums them up).
 took = echo "[$(1) took $$(( $$(date +%s) - started )) s]" >&2
 
-.PHONY: demo test check lint typecheck cold-test bench cluster cluster-down operator packages kube-binaries images crd clean
+.PHONY: demo test test-quick check lint typecheck cold-test bench cluster cluster-down operator packages kube-binaries images crd clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@echo "installing into $(VENV) (torch pinned by constraints.txt)"
@@ -26,6 +26,11 @@ demo: $(STAMP)
 test: $(STAMP) check kube-binaries images
 	@started=$$(date +%s); $(PY) -m pytest -q --durations=10 tests; rc=$$?; $(call took,suite); \
 	  if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+# The quick tier: the tests marked `quick` but not `slow` (the planner, the spec, the pure kube
+# and local helpers, CLI parsing), under two minutes; `make test` runs them with the rest.
+test-quick: $(STAMP)
+	@started=$$(date +%s) && $(PY) -m pytest -q -m "quick and not slow" tests && $(call took,test-quick)
 
 # Linters and the type checker, as configured in pyproject.toml (also .pre-commit-config.yaml).
 # mypy runs once per group of folders that can share a run (pytest puts each test folder on

@@ -4,8 +4,11 @@ copy of crds/ (refresh both with `make crd`)."""
 from __future__ import annotations
 
 import helm_python as helm
+import pytest
 import yaml
 from chart_support import CHART_DIR, REPO
+
+pytestmark = pytest.mark.quick
 
 CRD_FILE = "multiworld.io_multiworlds.yaml"
 

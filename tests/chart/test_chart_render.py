@@ -13,6 +13,9 @@ import pytest
 from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, REPO, Manifest, Rendered, example_pod_templates
 
 from multiworld_operator.kube.admission import HANDLER_ID
+from multiworld_operator.kube.webhook_secret import secret_name
+
+pytestmark = pytest.mark.quick
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 
@@ -414,3 +417,24 @@ def test_webhook_disabled_renders_no_webhook_objects_args_or_rights(render: Call
     assert webhook_args(rendered) == {}
     assert [p["name"] for p in container(rendered)["ports"]] == ["health", "channel", "metrics"]
     assert granted(rendered.one("ClusterRole", FULLNAME)) == OPERATOR_IN_NAMESPACE | KOPF_CLUSTER_READS
+
+
+def test_every_replica_serves_one_certificate_and_is_ready_once_it_can_admit(render: Callable[..., Rendered]) -> None:
+    """Issue 32 finding 1: the default two replicas read one certificate Secret (the first makes
+    it: create; then only that Secret may be read and replaced), and a replica is ready only once
+    its webhook listens, which it does once the caBundle trusts its certificate: `helm install
+    --wait` returns when admission works, and a rollout sends no request to a replica that cannot
+    answer it."""
+    rendered = render()
+    assert rendered.one("Deployment", FULLNAME, RELEASE_NAMESPACE)["spec"]["replicas"] == 2
+    assert container(rendered)["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
+    name = f"{FULLNAME}-webhook-tls"
+    assert name == secret_name(FULLNAME)
+    role = rendered.one("Role", name, RELEASE_NAMESPACE)
+    assert granted(role) == grants("", ["secrets"], ["create", "get", "update"])
+    assert [r["resourceNames"] for r in role["rules"] if "get" in r["verbs"]] == [[name]]
+    binding = rendered.one("RoleBinding", name, RELEASE_NAMESPACE)
+    assert binding["roleRef"]["name"] == name and binding["subjects"] == [operator_subject()]
+    without = render({"webhook": {**WEBHOOK_DEFAULTS, "enabled": False}})
+    assert "readinessProbe" not in container(without)
+    assert name not in [r["metadata"]["name"] for r in without.of_kind("Role")]

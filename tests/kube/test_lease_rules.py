@@ -20,6 +20,8 @@ import pytest
 from multiworld_operator.cli import main
 from multiworld_operator.kube.leadership import LEADER_LABEL, Leadership, LeaseConfig
 
+pytestmark = pytest.mark.quick
+
 NAMESPACE, LEASE = "ops", "multiworld-operator"
 CEILING_S = 15.0
 

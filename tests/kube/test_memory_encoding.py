@@ -28,6 +28,8 @@ from multiworld_operator.kube.planner_memory import (
 )
 from multiworld_operator.spec import parse_manifest
 
+pytestmark = pytest.mark.quick
+
 OWNER = "uid-1"
 
 

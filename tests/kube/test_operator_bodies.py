@@ -8,6 +8,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import given, strategies as st
 from operator_support import manifest
 
@@ -26,6 +27,8 @@ from multiworld_operator.kube.refusal import refusal_patch
 from multiworld_operator.kube.worker_inbox import WorkerInbox
 from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, plan
 from multiworld_operator.spec import PORT_BASE, PORT_SPAN, MultiWorld, parse_manifest
+
+pytestmark = pytest.mark.quick
 
 OWNER = "uid-of-mw"
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

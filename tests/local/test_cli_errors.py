@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.quick
+
 MANIFEST = """\
 apiVersion: multiworld.io/v1alpha1
 kind: MultiWorld

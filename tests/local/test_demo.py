@@ -18,8 +18,13 @@ def test_make_demo_recovers_world1_and_leaves_world2_alone() -> None:
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
     summary = out[out.rindex("summary:") :]
-    world1 = re.search(r"world1: Running at epoch 2; failures 1, recoveries 1 \((\d+\.\d+)s\), planned changes 0, errors (\d+)", summary)
+    world1 = re.search(
+        r"world1: Running at epoch 2; failures 1, recoveries 1 \((\d+\.\d+)s\), planned changes 0, errors (\d+)",
+        summary,
+    )
     assert world1, summary
-    assert re.search(r"world2: Running at epoch 1; failures 0, recoveries 0 \(-\), planned changes 0, errors 0", summary), summary
+    assert re.search(
+        r"world2: Running at epoch 1; failures 0, recoveries 0 \(-\), planned changes 0, errors 0", summary
+    ), summary
     assert "orphan processes: 0" in summary, summary
     assert "injecting failure: SIGKILL all-gather-w1-1" in out, out

@@ -4,6 +4,8 @@ import pytest
 
 from multiworld_operator.local.faults import FaultSchedule, Kill, parse_target, planned_kills
 
+pytestmark = pytest.mark.quick
+
 
 def test_kill_targets_parse_member_and_ordinal():
     assert parse_target("w1") == ("w1", None)

@@ -3,7 +3,11 @@ in NCCL worlds and the GPU count)."""
 
 from __future__ import annotations
 
+import pytest
+
 from multiworld_operator.local.gpus import gpu_env
+
+pytestmark = pytest.mark.quick
 
 
 def test_one_gpu_per_process_when_there_are_enough() -> None:

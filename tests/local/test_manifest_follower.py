@@ -4,10 +4,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from multiworld_operator.local.manifest_follower import layout_changes
 from multiworld_operator.spec import MultiWorld, parse_manifest
+
+pytestmark = pytest.mark.quick
 
 # The seed topology: leader, w1 (2 replicas), w2 (2 replicas); world1 and world2.
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "all_gather" / "multiworld.yaml"

@@ -3,6 +3,8 @@ import pytest
 from multiworld_operator.local.summary import WorldTracker
 from multiworld_operator.local.view import WorldRow, format_table
 
+pytestmark = pytest.mark.quick
+
 
 def test_recovery_is_timed_from_the_injected_kill_to_all_ranks_back():
     tracker = WorldTracker()

@@ -8,7 +8,10 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.quick
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()

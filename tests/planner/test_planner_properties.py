@@ -13,6 +13,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from planner_sim import Sim, endpoint, make
 
@@ -20,6 +21,8 @@ from multiworld_operator import spec
 from multiworld_operator.planner import MultiWorldStatus, Observation, Plan, plan
 from multiworld_operator.planner.status import UP_PHASES
 from multiworld_operator.spec import MultiWorld, parse_duration
+
+pytestmark = pytest.mark.quick
 
 # PLANNER_EXAMPLES=3000 for a long hunt; the default keeps the suite quick.
 SETTINGS = settings(

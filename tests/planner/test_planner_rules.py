@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from planner_sim import T0, Sim, endpoint, make, seed_topology
 
 from multiworld_operator.planner import (
@@ -19,6 +20,8 @@ from multiworld_operator.planner import (
 )
 from multiworld_operator.planner.status import CUT_MARK
 from multiworld_operator.spec import MAX_FAILURE_MESSAGE, MAX_MESSAGE, MultiWorld
+
+pytestmark = pytest.mark.quick
 
 LEADER, W1_0, W1_1, W2_0 = "mw-leader-0", "mw-w1-0", "mw-w1-1", "mw-w2-0"
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from planner_sim import Sim, make, seed_topology
 
 from multiworld_operator.kube.planner_memory import memory_body
 from multiworld_operator.planner.status import RECENT_RESTARTS, RESTART_SLOTS
 from multiworld_operator.spec import MAX_RESTARTS
+
+pytestmark = pytest.mark.quick
 
 WORLDS = 10
 LEADER = "mw-leader-0"
@@ -39,6 +42,7 @@ def restart_leader(sim: Sim, times: int, every_s: float) -> None:
         sim.step()
 
 
+@pytest.mark.slow
 def test_ten_worlds_of_ten_thousand_restarts_keep_the_memory_small() -> None:
     """A world restarted 10,000 times over a 366-day window (the most the schema allows): every
     restart still counts and the next failure exhausts it; 10 such worlds keep the memory

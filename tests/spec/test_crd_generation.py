@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from multiworld_operator.crd import crd, crd_yaml
 from multiworld_operator.spec import MAX_REPLICAS
+
+pytestmark = pytest.mark.quick
 
 COMMITTED = Path(__file__).resolve().parents[2] / "crds" / "multiworld.io_multiworlds.yaml"
 

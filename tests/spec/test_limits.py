@@ -44,6 +44,8 @@ from multiworld_operator.spec import (
     parse_manifest,
 )
 
+pytestmark = pytest.mark.quick
+
 # Each figure at most this share of its limit: what the caps keep in hand.
 MARGIN = 0.8
 
@@ -53,6 +55,7 @@ def largest() -> Largest:
     return measure_largest()
 
 
+@pytest.mark.slow
 def test_the_largest_spec_is_accepted_and_reaches_every_cap(largest: Largest) -> None:
     assert (largest.pods, largest.ranks, largest.worlds, largest.worlds_per_pod) == (
         MAX_PODS,
@@ -81,6 +84,7 @@ def test_the_environment_string_limit_is_the_kernels() -> None:
     assert exec_string_limit() == ENV_STRING_LIMIT
 
 
+@pytest.mark.slow
 def test_what_the_operator_writes_for_the_largest_spec_fits(largest: Largest) -> None:
     # The MultiWorld: a spec as large as admitted, annotations as large as allowed, the status
     # at its largest.

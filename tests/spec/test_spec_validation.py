@@ -11,6 +11,8 @@ import yaml
 
 from multiworld_operator.spec import SpecError, load_manifest, parse_duration, parse_manifest, spare_name
 
+pytestmark = pytest.mark.quick
+
 GPU_TEMPLATE = {"spec": {"containers": [{"name": "w", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}
 CPU_TEMPLATE = {"spec": {"containers": [{"name": "w", "image": "x", "command": ["python", "main.py"]}]}}
 
