@@ -36,7 +36,7 @@ from operator_support import (
     stop_operator,
     two_worlds,
 )
-from webhook_support import ca_bundle, serve_from_this_host
+from webhook_support import ca_bundle, serve_from_this_host, wait_listening
 
 from multiworld_operator import cli
 from multiworld_operator.kube import main as operator_main
@@ -74,7 +74,7 @@ class Release:
     @contextmanager
     def operator(self) -> Iterator[None]:
         """`multiworld operator` as the Deployment starts it, as the chart's ServiceAccount; up
-        once it has written its CA. On exit: stopped, and none of its requests was refused."""
+        once its webhook listens. On exit: stopped, and none of its requests was refused."""
         read = client.AppsV1Api(self.api).read_namespaced_deployment(self.fullname, self.namespace)
         (container,) = self.api.sanitize_for_serialization(read)["spec"]["template"]["spec"]["containers"]
         kubeconfig = self.cluster.serviceaccount_kubeconfig(self.namespace, self.fullname)
@@ -82,15 +82,13 @@ class Release:
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), **plain, ENV_CHANNEL_PORT: "0"}
         entrypoint = [str(Path(sys.executable).parent / "multiworld"), "operator"]
         log_path = self.folder / f"operator-{uuid.uuid4().hex[:6]}.log"
-        before = ca_bundle(self.api, self.fullname)
+        port = int(container["args"][container["args"].index("--webhook-port") + 1])
         with open(log_path, "wb") as log_file:
             command = [*entrypoint, *container["args"]]
             process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         try:
-            # Each start makes a new certificate: a CA that changed is this operator's.
-            cluster_module.wait_for(
-                "the operator to write its CA", lambda: ca_bundle(self.api, self.fullname) != before or None, WAIT_S
-            )
+            wait_listening(port)
+            assert ca_bundle(self.api, self.fullname)
             yield
         finally:
             stop_operator(process)

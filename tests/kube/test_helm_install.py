@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from multiworld_test_cluster import Cluster
 from operator_support import lease_holder, refusals, stop_operator
-from webhook_support import serve_from_this_host, wait_ca_bundle
+from webhook_support import serve_from_this_host, wait_ca_bundle, wait_listening
 
 pytestmark = pytest.mark.kube
 
@@ -266,6 +266,7 @@ def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
             serve_from_this_host(api, fullname, webhook_port, [namespace])
             with operator_process(kube_cluster, namespace, fullname, log_path) as health_port:
                 wait_ca_bundle(api, fullname)
+                wait_listening(webhook_port)
                 custom.create_namespaced_custom_object("multiworld.io", "v1alpha1", namespace, "multiworlds", manifest)
                 pods = cluster_module.wait_for(
                     f"the operator to create the {pod_count} pods of {name}",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import ssl
 import tempfile
 import threading
@@ -24,7 +25,7 @@ import multiworld_test_cluster as cluster_module  # registered by conftest.py
 from kubernetes import client
 
 from multiworld_operator.kube.admission import HANDLER_ID
-from multiworld_operator.kube.webhook_tls import self_signed
+from multiworld_operator.kube.webhook_secret import self_signed
 
 JSON_PATCH = "application/json-patch+json"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -51,6 +52,20 @@ def ca_bundle(api: client.ApiClient, configuration: str) -> str | None:
     (webhook,) = api.sanitize_for_serialization(read)["webhooks"]
     bundle: str | None = webhook["clientConfig"].get("caBundle")
     return bundle
+
+
+def wait_listening(port: int) -> None:
+    """Until the operator's webhook takes connections on this host: it listens once the caBundle
+    holds its certificate (the chart's readiness probe)."""
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(("localhost", port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    cluster_module.wait_for(f"the webhook to listen on port {port}", listening, CA_BUNDLE_TIMEOUT_S)
 
 
 def wait_ca_bundle(api: client.ApiClient, configuration: str) -> str:

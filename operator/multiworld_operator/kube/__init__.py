@@ -33,7 +33,8 @@ status subresource, Events).
 - `handlers`: the kopf handlers (they only wake loops); `main.run_operator` runs kopf.
 - `admission`: the validating admission webhook (an invalid spec refused at `kubectl apply`,
   named as SpecValid names it), registered when the operator serves a webhook port;
-  `webhook_tls`: its self-signed certificate, renewed while it runs, and the caBundle it keeps.
+  `webhook_tls`: its server, the certificate it serves and the caBundle it keeps; `webhook_secret`:
+  that certificate, one for every replica, in a Secret the first replica makes, renewed by any.
 - `status_command`: `multiworld status`, a MultiWorld as a user reads it from the kubeconfig
   (a command of the CLI, not part of the operator).
 """

@@ -5,7 +5,8 @@ validation `multiworld run` and the condition SpecValid use, and answers in Spec
 gets SpecValid=False from its reconcile loop.
 
 Registered only when the operator serves a webhook port (`enable`): kopf refuses to start with
-an admission handler and no server. The certificate and the caBundle: webhook_tls.
+an admission handler and no server. The certificate and the caBundle: webhook_tls and
+webhook_secret.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import kopf
 
 from ..spec import API_GROUP, API_VERSION, PLURAL, SpecError, parse_manifest
 from .refusal import refusal_message
+from .webhook_secret import CertificateSecret, secret_name, secret_namespace
 from .webhook_tls import AdmissionServer, CaBundle
 
 # The handler's id is the path kopf's server routes to it: the webhook configuration calls
@@ -47,7 +49,9 @@ def validate(*, body: kopf.Body, old: kopf.Body | None = None, operation: str | 
 
 def enable(webhook: Webhook, settings: kopf.OperatorSettings, registry: kopf.OperatorRegistry) -> None:
     """Serve the webhook with this operator: kopf's server (webhook_tls) and the handler."""
-    settings.admission.server = AdmissionServer(webhook.port, webhook.host, CaBundle(webhook.configuration))
+    hostnames = [webhook.host, "localhost"]
+    secret = CertificateSecret(secret_namespace(webhook.host), secret_name(webhook.configuration), hostnames)
+    settings.admission.server = AdmissionServer(webhook.port, CaBundle(webhook.configuration), secret)
     kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id=HANDLER_ID, operations=["CREATE", "UPDATE"], registry=registry)(
         validate
     )
