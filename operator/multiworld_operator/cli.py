@@ -51,15 +51,22 @@ def _port(text: str) -> int:
     return value
 
 
+# What `multiworld --help` says first (the module's docstring is for maintainers).
+DESCRIPTION = (
+    "Fault-isolated torch.distributed worlds, declared in a MultiWorld manifest: `multiworld run FILE.yaml` runs "
+    "one on this machine, no cluster needed; `status`, `operator` and `crd` are for Kubernetes."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="multiworld", description=__doc__)
+    parser = argparse.ArgumentParser(prog="multiworld", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {version('multiworld')}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a MultiWorld manifest as local processes, no cluster needed")
     run.add_argument("file", type=Path, help="YAML file holding a MultiWorld manifest")
-    run.add_argument("--duration", type=_positive, help="stop everything after SECONDS")
+    run.add_argument("--duration", type=_positive, metavar="SECONDS", help="stop everything after SECONDS")
     run.add_argument(
         "--kill",
         action="append",
@@ -158,6 +165,17 @@ def _configure_logging(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def _no_operator_extra(command: str, error: ModuleNotFoundError) -> int:
+    """`status` and `operator` in an install without the operator extra (`pip install '.[worker]'`
+    has no Kubernetes client): said in one line, exit status 1."""
+    print(
+        f"multiworld {command}: this install has no {error.name} (the Kubernetes client and kopf come with the "
+        "operator extra): pip install -c constraints.txt '.[operator]', in the repository",
+        file=sys.stderr,
+    )
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -172,12 +190,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_from_args(args)
     if args.command == "status":
-        from multiworld_operator.kube.status_command import show
-
+        try:
+            from multiworld_operator.kube.status_command import show
+        except ModuleNotFoundError as error:
+            return _no_operator_extra(args.command, error)
         return show(args.name, args.namespace, args.watch, args.kubeconfig)
-    from multiworld_operator.kube.admission import Webhook
-    from multiworld_operator.kube.leadership import LeaseConfig
-    from multiworld_operator.kube.main import run_operator
+    try:
+        from multiworld_operator.kube.admission import Webhook
+        from multiworld_operator.kube.leadership import LeaseConfig
+        from multiworld_operator.kube.main import run_operator
+    except ModuleNotFoundError as error:
+        return _no_operator_extra(args.command, error)
 
     webhook = None
     if args.webhook_port is not None:

@@ -147,3 +147,35 @@ def test_version_is_the_installed_packages() -> None:
         [sys.executable, "-m", "multiworld_operator.cli", "--version"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and result.stdout.strip() == f"multiworld {version('multiworld')}"
+
+
+def test_help_says_what_multiworld_is_for() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "multiworld_operator.cli", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0
+    assert " ".join(result.stdout.split()).startswith(
+        "usage: multiworld [-h] [--version] [-v] {run,status,operator,crd} ... Fault-isolated torch.distributed "
+        "worlds, declared in a MultiWorld manifest: `multiworld run FILE.yaml` runs one on this machine, no cluster "
+        "needed; `status`, `operator` and `crd` are for Kubernetes."
+    ), result.stdout
+    run_help = subprocess.run(
+        [sys.executable, "-m", "multiworld_operator.cli", "run", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert "--duration SECONDS" in run_help.stdout
+
+
+@pytest.mark.parametrize("command", [["status", "all-gather"], ["operator"]])
+def test_status_and_operator_without_the_operator_extra_say_what_to_install(command: list[str]) -> None:
+    """As in a `pip install '.[worker]'`: neither kopf nor the Kubernetes client can be imported."""
+    blocked = "import sys; sys.modules.update(dict.fromkeys(['kopf', 'kubernetes', 'urllib3']))"
+    result = subprocess.run(
+        [sys.executable, "-c", f"{blocked}; from multiworld_operator.cli import main; sys.exit(main({command!r}))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"multiworld {command[0]}: this install has no " in result.stderr
+    assert "pip install -c constraints.txt '.[operator]'" in result.stderr
