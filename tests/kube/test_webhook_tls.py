@@ -149,8 +149,8 @@ def test_through_renewals_every_replica_stays_trusted(
     kube_cluster: Cluster, namespace: str, configuration: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A renewal every few seconds, two replicas: at every moment each shows a certificate the
-    caBundle the API server holds trusts; the certificate served changes; after a renewal
-    settles, the bundle holds the served certificate alone."""
+    caBundle the API server holds trusts, the bundle holds two certificates at most, and the
+    certificate served changes."""
     monkeypatch.setattr(webhook_secret, "RENEW_EVERY", timedelta(seconds=RENEW_S))
     monkeypatch.setattr(webhook_secret, "PROPAGATION_S", 1.0)
     monkeypatch.setattr(webhook_secret, "SYNC_S", SYNC_S)
@@ -159,7 +159,7 @@ def test_through_renewals_every_replica_stays_trusted(
 
     async def scenario(api: client.ApiClient) -> tuple[set[bytes], int]:
         seen: set[bytes] = set()
-        alone = 0  # looks at a bundle of one certificate, the one served
+        most = 0  # certificates in the bundle at most
         async with replica(ports[0], namespace, configuration), replica(ports[1], namespace, configuration):
             await asyncio.gather(*(listening(port) for port in ports))
             loop = asyncio.get_running_loop()
@@ -168,10 +168,10 @@ def test_through_renewals_every_replica_stays_trusted(
                 bundle = trusted(api, configuration)
                 served = {await served_certificate(port, bundle) for port in ports}
                 seen |= served
-                alone += bundle.count(b"BEGIN CERTIFICATE") == 1 and len(served) == 1
+                most = max(most, bundle.count(b"BEGIN CERTIFICATE"))
                 await asyncio.sleep(0.1)
-        return seen, alone
+        return seen, most
 
     with kube_cluster.api_client() as api:
-        seen, alone = asyncio.run(scenario(api))
-    assert len(seen) >= 2 and alone, (len(seen), alone)
+        seen, most = asyncio.run(scenario(api))
+    assert len(seen) >= 2 and most == 2, (len(seen), most)

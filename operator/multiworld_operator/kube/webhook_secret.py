@@ -6,15 +6,15 @@ caBundle trusts whichever replica the Service sends the API server to.
 
 The Secret holds the certificate served (tls.crt, tls.key), the bundle of every certificate a
 replica may still serve (ca.crt), and during a renewal the next certificate (next.crt,
-next.key). A renewal is three steps, each taken by whichever replica looks first (every
+next.key). A renewal is two steps, each taken by whichever replica looks first (every
 SYNC_S), each an update at the resourceVersion it read (of replicas racing, one wins and the
 others read it again):
-- RENEW_EVERY after the served certificate was made: a next one, in the bundle too;
+- RENEW_EVERY after the served certificate was made: a next one, in the bundle beside it (the
+  one served before it leaves the bundle then: every replica has served the current one for
+  most of RENEW_EVERY);
 - PROPAGATION_S after that (the API server holds the bundle by then): the next one is served,
-  the one before stays in the bundle;
-- once every replica serves it (PROPAGATION_S + 4 * SYNC_S after it was made: it was served
-  within one look after PROPAGATION_S, and every replica looked again since, a look taking
-  less than SYNC_S): the bundle holds it alone.
+  the one before stays in the bundle.
+A replica writes the bundle the Secret holds before it serves the certificate it read with it.
 """
 
 from __future__ import annotations
@@ -88,6 +88,10 @@ def self_signed(hostnames: Sequence[str], now: datetime) -> CertificatePair:
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        # Each certificate names its key: during a renewal the bundle holds two of one subject,
+        # and a client (OpenSSL) picks the issuer by these, not by the name alone.
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     key_pem = key.private_bytes(
@@ -132,9 +136,6 @@ class Certificates:
         if _age(self.serving, now) >= RENEW_EVERY:
             fresh = self_signed(_hostnames(self.serving), now)
             return replace(self, bundle=self.serving[0] + fresh[0], next=fresh)
-        settled = timedelta(seconds=PROPAGATION_S + 4 * SYNC_S)
-        if self.bundle != self.serving[0] and _age(self.serving, now) >= settled:
-            return replace(self, bundle=self.serving[0])
         return None
 
     def data(self) -> dict[str, str]:
