@@ -31,6 +31,7 @@ def junk_status() -> WorkerStatus:
     return WorkerStatus(pod=POD, joined={"wa": 2, **JUNK_WORLDS}, joining=JUNK_WORLDS, errors=JUNK_WORLDS)
 
 
+@pytest.mark.quick
 def test_a_status_is_kept_for_the_worlds_its_pod_holds_a_rank_in() -> None:
     """Once the table is known, at once; before, from the first step that knows it."""
     inbox = WorkerInbox()
@@ -44,6 +45,7 @@ def test_a_status_is_kept_for_the_worlds_its_pod_holds_a_rank_in() -> None:
     assert statuses["uid-a"] == WorkerStatus(pod=POD, joined={"wa": 2})
 
 
+@pytest.mark.quick
 def test_a_reports_reason_is_kept_to_its_first_characters() -> None:
     inbox = WorkerInbox()
     report = BrokenWorldReport(world="wa", epoch=2, reason="r" * 100_000, pod=POD, plays="p" * 100_000)
@@ -66,6 +68,7 @@ class CountingReconciler:
         return None
 
 
+@pytest.mark.quick
 def test_status_news_wakes_a_loop_no_more_often_than_its_interval() -> None:
     """A worker whose status changes every 10 ms for a second: a step every MIN_STATUS_STEP_S
     at most, the last news stepped on all the same; a report's news wakes it at once."""
