@@ -44,8 +44,10 @@ LINT := $(VENV)/bin/ruff check $(CHECKED) && $(VENV)/bin/ruff format --check $(C
 MYPY := $(VENV)/bin/mypy
 TYPECHECK := $(MYPY) && MYPYPATH=bench $(MYPY) --cache-dir .mypy_cache/bench bench && \
   MYPYPATH=tests/kube:tests/cluster $(MYPY) tests/kube tests/cluster && MYPYPATH=tests/chart $(MYPY) tests/chart
+# No import cycle among the packages' modules, lazy and type-hint imports included.
+IMPORTS := PYTHONPATH=tests $(PY) -m harness.import_graph worker/multiworld operator/multiworld_operator
 check: $(STAMP)
-	@started=$$(date +%s) && $(LINT) && $(TYPECHECK) && $(call took,check)
+	@started=$$(date +%s) && $(LINT) && $(TYPECHECK) && $(IMPORTS) && $(call took,check)
 
 # The two halves of `check`, without the venv step (.pre-commit-config.yaml runs `make typecheck`).
 lint:

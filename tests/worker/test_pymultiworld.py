@@ -23,10 +23,10 @@ from worker_support import TEST_DETECT, free_ports
 
 import multiworld
 from multiworld.communicator import BrokenWorldException
-from multiworld.compat import world_label
 from multiworld.contract import WORLD_NAME_RE
 from multiworld.errors import UnknownWorldError, WorldBrokenError
 from multiworld.manager import WorldManager
+from multiworld.world_labels import world_label
 
 PROGRAM = Path(__file__).with_name("pymultiworld_program.py")
 SIZE = 3

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from multiworld.compat import DEFAULT_WORLD_NAME, world_label
 from multiworld.errors import UnknownWorldError, WorldBrokenError
 from multiworld.reduce_op import ReduceOp
+from multiworld.world_labels import DEFAULT_WORLD_NAME, world_label
 
 if TYPE_CHECKING:
     from torch import Tensor

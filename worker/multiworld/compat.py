@@ -4,7 +4,8 @@ A thin face: `initialize_world` joins through the manager's own `join_async`, th
 communicator's ops are the worlds' own ops, `remove_world` is `leave`. What it translates:
 
 - world names: pymultiworld takes any string ("" by default); here a world's name is a DNS
-  label (it prefixes store keys and is the contract's), so names are mapped (`world_label`).
+  label (it prefixes store keys and is the contract's), so names are mapped
+  (`world_labels.world_label`).
 - epochs: no controller numbers a world's incarnations here; `initialize_world` reads from the
   world's store which epoch to join (`rendezvous.next_epoch`), so the survivors of a broken
   world and a restarted peer meet at the next epoch, and a replaced member is refused.
@@ -16,8 +17,6 @@ No torch at import (the manager imports this module).
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,8 +26,9 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 from multiworld import shutdown
-from multiworld.contract import WORLD_NAME_RE, Backend, WorldAssignment
+from multiworld.contract import Backend, WorldAssignment
 from multiworld.errors import StaleEpochError, UnknownWorldError, WorldJoinError, short
+from multiworld.world_labels import world_label
 
 if TYPE_CHECKING:
     import torch
@@ -38,25 +38,6 @@ if TYPE_CHECKING:
     from multiworld.world import World
 
 T = TypeVar("T")
-
-DEFAULT_WORLD_NAME = ""
-
-# A mapped name: up to 40 readable characters, "-", 16 hex digits of the name's hash (57 <= 63).
-_READABLE = 40
-_DIGEST = 16
-
-
-def world_label(world_name: str) -> str:
-    """The library's name for a pymultiworld world name. A DNS label stays itself; any other
-    name becomes its readable part and a hash of the whole name, the same in every process
-    (two different names meet only if one is chosen to be the other's hashed form)."""
-    if not isinstance(world_name, str):
-        raise TypeError(f"world_name must be a str, got {world_name!r}")
-    if len(world_name) <= 63 and WORLD_NAME_RE.match(world_name):
-        return world_name
-    readable = re.sub(r"[^a-z0-9]+", "-", world_name.lower()).strip("-")[:_READABLE].strip("-")
-    digest = hashlib.sha256(world_name.encode()).hexdigest()[:_DIGEST]
-    return f"{readable or 'world'}-{digest}"
 
 
 class WorldRequest(BaseModel):

@@ -1,5 +1,6 @@
-"""What one WorldManager holds, shared by its parts: the worlds joined, the joins in flight, a
-spare's identity, and the one re-entrant lock that guards all of it.
+"""What one WorldManager holds, shared by its parts: the worlds joined, the joins in flight
+(`Join`: one rendezvous, run by joining.py), a spare's identity, and the one re-entrant lock
+that guards all of it.
 
 The manager's parts (joining.py, table_following.py, waiting.py, worker_status.py, and
 manager.py itself) share these fields, and no other state: each reads and changes them under
@@ -13,9 +14,49 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from multiworld.contract import WorldAssignment
+
 if TYPE_CHECKING:
-    from multiworld.joining import Join
+    import torch
+
+    from multiworld.detect_config import DetectConfig
     from multiworld.world import World
+
+
+class Join:
+    """One rendezvous in flight on its own daemon thread. `config` and `device`: this join's
+    own, where they differ from the manager's (None: the manager's); `pause`: seconds it waits
+    before it starts (a try again). `done` is set once it ended, with `world` or `error` set."""
+
+    def __init__(
+        self,
+        assignment: WorldAssignment,
+        config: DetectConfig | None = None,
+        device: str | torch.device | None = None,
+        pause: float = 0.0,
+    ) -> None:
+        self.assignment = assignment
+        self.config = config
+        self.device = device
+        self.pause = pause
+        self.cancelled = threading.Event()
+        self.done = threading.Event()
+        self.world: World | None = None
+        self.error: BaseException | None = None
+
+    @classmethod
+    def holding(cls, world: World) -> Join:
+        """A finished join of a world already held."""
+        join = cls(world.assignment)
+        join.world = world
+        join.done.set()
+        return join
+
+    def result(self) -> World:
+        if self.error is not None:
+            raise self.error
+        assert self.world is not None
+        return self.world
 
 
 class Holdings:

@@ -7,7 +7,6 @@ No torch at import: the communicator code (world.py) loads on the first join.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,7 @@ from multiworld.contract import WorldAssignment
 from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector
 from multiworld.errors import JoinCancelled, JoinTimedOut, StaleEpochError, StoreLost, WorldJoinError
-from multiworld.holdings import Holdings
+from multiworld.holdings import Holdings, Join
 from multiworld.worker_status import StatusReporter
 
 if TYPE_CHECKING:
@@ -34,42 +33,6 @@ RETRY_PAUSE_S = 0.5
 
 def as_assignment(value: WorldAssignment | Mapping[str, Any]) -> WorldAssignment:
     return value if isinstance(value, WorldAssignment) else WorldAssignment.model_validate(value)
-
-
-class Join:
-    """One rendezvous in flight on its own daemon thread. `config` and `device`: this join's
-    own, where they differ from the manager's (None: the manager's); `pause`: seconds it waits
-    before it starts (a try again). `done` is set once it ended, with `world` or `error` set."""
-
-    def __init__(
-        self,
-        assignment: WorldAssignment,
-        config: DetectConfig | None = None,
-        device: str | torch.device | None = None,
-        pause: float = 0.0,
-    ) -> None:
-        self.assignment = assignment
-        self.config = config
-        self.device = device
-        self.pause = pause
-        self.cancelled = threading.Event()
-        self.done = threading.Event()
-        self.world: World | None = None
-        self.error: BaseException | None = None
-
-    @classmethod
-    def holding(cls, world: World) -> Join:
-        """A finished join of a world already held."""
-        join = cls(world.assignment)
-        join.world = world
-        join.done.set()
-        return join
-
-    def result(self) -> World:
-        if self.error is not None:
-            raise self.error
-        assert self.world is not None
-        return self.world
 
 
 class Joiner:

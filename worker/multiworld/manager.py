@@ -24,8 +24,8 @@ from multiworld.contract import WorkerStatus, WorldAssignment, WorldTable, metri
 from multiworld.detect_config import DetectConfig
 from multiworld.detector import Detector, HeartbeatLoad
 from multiworld.errors import UnknownWorldError
-from multiworld.holdings import Holdings
-from multiworld.joining import Join, Joiner, as_assignment
+from multiworld.holdings import Holdings, Join
+from multiworld.joining import Joiner, as_assignment
 from multiworld.table_following import TableFollower
 from multiworld.waiting import Waits
 from multiworld.worker_status import StatusReporter
