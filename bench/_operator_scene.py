@@ -52,16 +52,26 @@ class OperatorProcess:
     """`multiworld operator` serving one namespace with the credentials of `kubeconfig`."""
 
     def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
-        self.log_path = log_path
-        with open(log_path, "wb") as log_file:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "multiworld_operator.cli", "operator", "--namespace", namespace],
+        self.kubeconfig, self.namespace, self.log_path = kubeconfig, namespace, log_path
+        log_path.write_bytes(b"")
+        self.proc = self._launch()
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as log_file:
+            return subprocess.Popen(
+                [sys.executable, "-m", "multiworld_operator.cli", "operator", "--namespace", self.namespace],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+                env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
                 cwd=common.REPO,
             )
+
+    def restart(self) -> None:
+        """Stopped (SIGTERM, as Kubernetes would) and started again: a new process, its log
+        appended to the same file."""
+        self.stop()
+        self.proc = self._launch()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
