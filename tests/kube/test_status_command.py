@@ -110,7 +110,9 @@ def test_no_cluster_credentials_say_which_kubeconfig_was_read_and_what_is_needed
     env = {**os.environ, "KUBECONFIG": str(tmp_path / "missing"), "KUBERNETES_SERVICE_HOST": ""}
     result = subprocess.run([COMMAND, "status"], capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     assert result.returncode == 1, result.stderr
-    assert result.stderr.startswith(f"multiworld status: no cluster credentials in KUBECONFIG={tmp_path / 'missing'}")
+    assert result.stderr.startswith(
+        f"multiworld status: no cluster credentials in KUBECONFIG={tmp_path / 'missing'} (no such file): "
+    ), result.stderr
     assert "point --kubeconfig or KUBECONFIG at one" in result.stderr and "multiworld run" in result.stderr
     assert len(result.stderr.splitlines()) == 1, result.stderr
 

@@ -129,11 +129,21 @@ def _api(kubeconfig: str | None) -> client.CustomObjectsApi:
             config.load_incluster_config()
         except config.ConfigException:
             raise StatusCommandError(
-                f"no cluster credentials in {_kubeconfig_read(kubeconfig)} ({exc}): `multiworld status` shows "
+                f"no cluster credentials in {_kubeconfig_read(kubeconfig)} ({_why(kubeconfig, exc)}): "
+                "`multiworld status` shows "
                 "MultiWorlds on a Kubernetes cluster, so point --kubeconfig or KUBECONFIG at one "
                 "(`multiworld run FILE.yaml` runs a MultiWorld on this machine with no cluster)"
             ) from exc
     return client.CustomObjectsApi()
+
+
+def _why(given: str | None, error: Exception) -> str:
+    """Why the kubeconfig gave no credentials: no such file (the client's words say only that
+    it found no configuration), or the client's reason."""
+    paths = [given] if given else os.environ.get("KUBECONFIG", config.KUBE_CONFIG_DEFAULT_LOCATION).split(os.pathsep)
+    if not any(os.path.exists(os.path.expanduser(p)) for p in paths if p):
+        return "no such file"
+    return str(error)
 
 
 def _kubeconfig_read(given: str | None) -> str:
