@@ -1,4 +1,4 @@
-"""bench/operator.py, bench/scale.py and bench/takeover.py run end to end (--quick) against
+"""bench/operator.py, bench/scale.py, bench/takeover.py and bench/attacks.py run end to end (--quick) against
 their own API server and report their figures in the documented JSON shape. Their speed targets
 are the benches' business: no timing is asserted here."""
 
@@ -92,4 +92,23 @@ def test_takeover_quick_run_reports_both_takeovers() -> None:
         for spread in figures[figure].values():
             assert set(spread) == {"min", "median", "max"}
             assert 0 < spread["min"] <= spread["median"] <= spread["max"], figures
+    assert any(line.startswith(("  PASS", "  MISS")) for line in lines[:-1]), result.stdout
+
+
+ATTACKS = BENCH.parent / "attacks.py"
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_attacks_quick_run_reports_each_phase() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ATTACKS), "--quick", "--json"], capture_output=True, text=True, timeout=RUN_S, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    figures = json.loads(lines[-1])
+    assert set(figures) == {"bench", "react_s", "operator_rss_mib", "junk_connections"}
+    phases = {"baseline", "channel_junk", "memory"}
+    assert set(figures["react_s"]) == set(figures["operator_rss_mib"]) == phases
+    assert all(v > 0 for times in figures["react_s"].values() for v in times), figures
+    assert figures["junk_connections"] > 0
     assert any(line.startswith(("  PASS", "  MISS")) for line in lines[:-1]), result.stdout
