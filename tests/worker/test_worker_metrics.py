@@ -130,3 +130,8 @@ def test_the_port_travels_in_the_worker_env() -> None:
     assert WorkerEnv.from_env(env.to_env()) == env
     assert ENV_METRICS_PORT not in WorkerEnv(pod="p").to_env()
     assert WorkerEnv.from_env({**WorkerEnv(pod="p").to_env(), ENV_METRICS_PORT: " "}).metrics_port is None
+
+
+def test_a_program_run_outside_a_member_is_told_how_to_run_it() -> None:
+    with pytest.raises(ValueError, match=r"MULTIWORLD_POD, MULTIWORLD_WORLDS: .*`multiworld run FILE.yaml`"):
+        WorkerEnv.from_env({})

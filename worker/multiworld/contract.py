@@ -176,7 +176,11 @@ class WorkerEnv(_Model):
     def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
         missing = [k for k in (ENV_POD, ENV_WORLDS) if k not in environ]
         if missing:
-            raise ValueError(f"missing environment variable(s): {', '.join(missing)}")
+            raise ValueError(
+                f"missing environment variable(s): {', '.join(missing)}: the platform sets them in a member's "
+                "process, so run this program as a member's command (`multiworld run FILE.yaml` on this "
+                "machine, or a MultiWorld on Kubernetes)"
+            )
         try:
             worlds = json.loads(environ[ENV_WORLDS])
         except json.JSONDecodeError as exc:
