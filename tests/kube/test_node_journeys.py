@@ -710,8 +710,8 @@ def test_a_chain_of_shared_members_recovers_from_each_kill_and_rolls_out(
         status = _wait_rollout_complete(kube, name, "the chain's new template")
         print(f"chain rollout of 5 pods: {time.monotonic() - started:.1f} s")
         assert {w: s["restarts"] for w, s in status["worlds"].items()} == restarts, status
-        for pod in kube.pods(name).values():
-            env = {e.name: e.value for e in pod.spec.containers[0].env or []}
-            assert env.get("ROLLOUT") == "1", f"{pod.metadata.name} is not of the new template"
+        for instance in kube.pods(name).values():
+            env = {e.name: e.value for e in instance.spec.containers[0].env or []}
+            assert env.get("ROLLOUT") == "1", f"{instance.metadata.name} is not of the new template"
         for world, ranks in CHAIN_WORLDS.items():
             _wait_log(kube_node, operator, f"{name}-{ranks[-1]}-0", f"from {world} has gathered tensors: ")
