@@ -463,7 +463,7 @@ def test_operator_liveness_probe_passes(kube_node: Cluster, operator: Operator) 
         )
     # Readiness fails by design until the webhook listens (helm install --wait waits on it); a
     # failed liveness probe is what would restart the operator.
-    assert not [e.message for e in events if e.reason == "Unhealthy" and e.message.startswith("Liveness")]
+    assert not [e.message for e in events if e.reason == "Unhealthy" and (e.message or "").startswith("Liveness")]
 
 
 def test_a_manifest_without_the_worker_serviceaccount_runs(
