@@ -140,19 +140,27 @@ def _api(kubeconfig: str | None) -> client.CustomObjectsApi:
 def _why(given: str | None, error: Exception) -> str:
     """Why the kubeconfig gave no credentials: no such file (the client's words say only that
     it found no configuration), or the client's reason."""
-    paths = [given] if given else os.environ.get("KUBECONFIG", config.KUBE_CONFIG_DEFAULT_LOCATION).split(os.pathsep)
-    if not any(os.path.exists(os.path.expanduser(p)) for p in paths if p):
+    _, paths = _kubeconfig_source(given)
+    if not any(os.path.exists(os.path.expanduser(p)) for p in paths):
         return "no such file"
     return str(error)
 
 
 def _kubeconfig_read(given: str | None) -> str:
-    """The kubeconfig file(s) the client read, as kubectl picks them."""
+    """The kubeconfig file(s) the client read, as the user named them."""
+    return _kubeconfig_source(given)[0]
+
+
+def _kubeconfig_source(given: str | None) -> tuple[str, list[str]]:
+    """Where the client reads its kubeconfig, as kubectl picks it (--kubeconfig, else
+    $KUBECONFIG, else the default file): its name for the user, and its file paths."""
     if given:
-        return given
+        return given, [given]
     if os.environ.get("KUBECONFIG"):
-        return f"KUBECONFIG={os.environ['KUBECONFIG']}"
-    return os.path.expanduser(config.KUBE_CONFIG_DEFAULT_LOCATION)
+        listed = os.environ["KUBECONFIG"]
+        return f"KUBECONFIG={listed}", [p for p in listed.split(os.pathsep) if p]
+    default = os.path.expanduser(config.KUBE_CONFIG_DEFAULT_LOCATION)
+    return default, [default]
 
 
 def _api_error(exc: ApiException, what: str) -> StatusCommandError:
