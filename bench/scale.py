@@ -8,7 +8,7 @@ operator as a process of its own, and a stand-in kubelet that marks each new pod
 _kubelet_stand_in.START_S after it appears and fails pods on request, through their status.
 
 MultiWorlds are stars: a leader (router) in every world w<i>, and one exclusive pod m<i>-0 per
-world; the largest is LARGEST_STAR worlds (the leader is in every one: spec.py's
+world; the largest is LARGEST_STAR worlds (the leader is in every one: spec/limits.py's
 MAX_WORLDS_PER_POD). Per size (worlds):
 - create_s: from the create call until the last pod exists (seen through a watch).
 - object_kib: the MultiWorld as the API server returns it (managedFields included) once every
@@ -25,7 +25,7 @@ MAX_WORLDS_PER_POD). Per size (worlds):
   before the others were created.
 - object_kib at OBJECT_WORLDS worlds: created and run once with the default failure policy,
   for its size (and its parts: spec, status, managedFields) only.
-- largest accepted spec (alone with --largest: no API server): the spec at every cap of spec.py
+- largest accepted spec (alone with --largest: no API server): the spec at every cap of spec/limits.py
   at once, names of 63 characters (tests/spec/limits_support.py: the real planner, pod bodies
   and worker annotations), planned in this process as the operator plans it.
   - plan_first: one plan() call on the first observation (nothing exists yet); plan_failure:
@@ -63,7 +63,7 @@ from spec import limits_support as limits
 
 from multiworld.contract import NAME_LABEL
 from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
-from multiworld_operator.spec import MAX_WORLDS, MAX_WORLDS_PER_POD
+from multiworld_operator.spec.limits import MAX_WORLDS, MAX_WORLDS_PER_POD
 
 # How long the worker link waits for its first table.
 TABLE_WAIT_S = 60.0
@@ -316,7 +316,7 @@ def largest_rows(f: dict[str, Any]) -> tuple[list[str], list[common.Target]]:
         ("its worker's longest message to the operator", f["worker_line_bytes"], limits.MAX_LINE),
     ]
     body = [
-        f"largest accepted spec (every cap of spec.py at once, names of 63 characters): {f['pods']} pods, "
+        f"largest accepted spec (every cap of spec/limits.py at once, names of 63 characters): {f['pods']} pods, "
         f"{f['ranks']} ranks, {f['worlds']} worlds, a pod in {f['worlds_per_pod']} worlds; "
         f"the spec {f['spec_bytes'] / 1024:.1f} KiB as JSON\n"
         f"plan() on the first observation {common.fmt_s(first['wall_s'])} (CPU {common.fmt_s(first['cpu_s'])}), "

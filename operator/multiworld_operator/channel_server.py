@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldTable
 
-from .spec import MAX_WORLDS_PER_POD
+from .spec.limits import MAX_WORLDS_PER_POD
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ crds/multiworld.io_multiworlds.yaml holds). The schema is structural (apiextensi
 Kubernetes 1.20: no CEL): every node typed, pod templates kept whole with
 x-kubernetes-preserve-unknown-fields, the spec's scalar defaults applied by the API server.
 Cross-field rules (references, sizes, pod name length) and the caps a schema cannot say (pods
-and ranks in all, worlds per pod, the spec's size: spec.py) are checked by the controller.
+and ranks in all, worlds per pod, the spec's size: spec/cross_field.py) are checked by the controller.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import yaml
 from pydantic import BaseModel
 
 from .planner.status import StatusView
-from .spec import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR, MultiWorldSpec
+from .spec import MultiWorldSpec
+from .spec.resource import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR
 
 # JSON-schema keywords a structural schema keeps as they are.
 _KEPT = (

@@ -26,7 +26,8 @@ from multiworld_operator.kube.ports import preferred_port, world_ports
 from multiworld_operator.kube.refusal import refusal_patch
 from multiworld_operator.kube.worker_inbox import WorkerInbox
 from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, plan
-from multiworld_operator.spec import PORT_BASE, PORT_SPAN, MultiWorld, parse_manifest
+from multiworld_operator.spec import MultiWorld, parse_manifest
+from multiworld_operator.spec.limits import PORT_BASE, PORT_SPAN
 
 pytestmark = pytest.mark.quick
 

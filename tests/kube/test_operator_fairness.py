@@ -12,7 +12,7 @@ import pytest
 from operator_support import Scene, two_worlds, wait_for
 from spec.limits_support import largest_manifest
 
-from multiworld_operator.spec import MAX_PODS
+from multiworld_operator.spec.limits import MAX_PODS
 
 pytestmark = pytest.mark.kube
 

@@ -17,10 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from planner_sim import Sim, endpoint, make
 
-from multiworld_operator import spec
 from multiworld_operator.planner import MultiWorldStatus, Observation, Plan, plan
 from multiworld_operator.planner.status import UP_PHASES
-from multiworld_operator.spec import MultiWorld, parse_duration
+from multiworld_operator.spec import MultiWorld, limits, parse_duration
 
 pytestmark = pytest.mark.quick
 
@@ -47,20 +46,20 @@ SMALL_POLICIES = st.fixed_dictionaries(
 
 def durations() -> st.SearchStrategy[str]:
     """Any duration the schema admits, its maximum included."""
-    seconds = parse_duration(spec.MAX_DURATION)
+    seconds = parse_duration(limits.MAX_DURATION)
     return st.one_of(
         st.integers(0, int(seconds)).map(lambda s: f"{s}s"),
-        st.sampled_from(["0s", "500ms", "1h30m", spec.MAX_DURATION]),
+        st.sampled_from(["0s", "500ms", "1h30m", limits.MAX_DURATION]),
     )
 
 
 # Every number and duration over the schema's whole range.
 WHOLE_RANGE_POLICIES = st.fixed_dictionaries(
     {
-        "maxRestarts": st.integers(0, spec.MAX_RESTARTS),
+        "maxRestarts": st.integers(0, limits.MAX_RESTARTS),
         "window": durations(),
         "backoff": st.fixed_dictionaries(
-            {"initialDelay": durations(), "maxDelay": durations(), "factor": st.floats(1.0, spec.MAX_FACTOR)}
+            {"initialDelay": durations(), "maxDelay": durations(), "factor": st.floats(1.0, limits.MAX_FACTOR)}
         ),
         "replace": st.sampled_from(["Pod", "World"]),
         "joinTimeout": durations(),

@@ -18,8 +18,8 @@ from multiworld_operator.planner import (
     merge_patch,
     plan,
 )
-from multiworld_operator.planner.status import CUT_MARK
-from multiworld_operator.spec import MAX_FAILURE_MESSAGE, MAX_MESSAGE, MultiWorld
+from multiworld_operator.planner.status import CUT_MARK, MAX_FAILURE_MESSAGE, MAX_MESSAGE
+from multiworld_operator.spec import MultiWorld
 
 pytestmark = pytest.mark.quick
 

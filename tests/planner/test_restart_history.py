@@ -11,7 +11,7 @@ from planner_sim import Sim, make, seed_topology
 
 from multiworld_operator.kube.planner_memory import memory_body
 from multiworld_operator.planner.status import RECENT_RESTARTS, RESTART_SLOTS
-from multiworld_operator.spec import MAX_RESTARTS
+from multiworld_operator.spec.limits import MAX_RESTARTS
 
 pytestmark = pytest.mark.quick
 

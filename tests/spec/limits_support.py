@@ -44,10 +44,9 @@ from multiworld_operator.kube.bodies import pod_body, rendezvous_host
 from multiworld_operator.kube.planner_memory import json_values, memory_body
 from multiworld_operator.kube.ports import world_ports
 from multiworld_operator.planner import CreatePod, MultiWorldStatus, Plan, plan
-from multiworld_operator.planner.status import RECENT_RESTARTS, RESTART_SLOTS, RestartSlot
-from multiworld_operator.spec import (
-    MAX_LABEL,
-    MAX_MESSAGE,
+from multiworld_operator.planner.status import MAX_MESSAGE, RECENT_RESTARTS, RESTART_SLOTS, RestartSlot
+from multiworld_operator.spec import MultiWorld, parse_manifest
+from multiworld_operator.spec.limits import (
     MAX_PODS,
     MAX_RANKS,
     MAX_RESTARTS,
@@ -57,10 +56,8 @@ from multiworld_operator.spec import (
     MAX_WORLDS_PER_POD,
     PORT_BASE,
     PORT_SPAN,
-    SPARE_SERIAL_ROOM,
-    MultiWorld,
-    parse_manifest,
 )
+from multiworld_operator.spec.names import MAX_LABEL, SPARE_SERIAL_ROOM
 
 REPO = Path(__file__).resolve().parents[2]
 M = TypeVar("M")
@@ -85,7 +82,7 @@ PORT = PORT_BASE + PORT_SPAN - 1
 CHANNEL_URL = f"operator://{'o' * 63}.{'n' * 63}.svc.cluster.local:65535"
 RANK = MAX_RANKS - 1
 WHEN = datetime(2024, 5, 1, 12, 0, 0, 999_999, tzinfo=UTC)
-# The reason of a worker's report, taken at MAX_MESSAGE characters as spec.py's caps assume
+# The reason of a worker's report, taken at MAX_MESSAGE characters as the spec's caps assume
 # (the worker does not cut it: a join that failed quotes its exception whole).
 REASON = MAX_MESSAGE
 # The longest termination message the kubelet keeps: the status cuts a failure's quote of it.

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from multiworld_operator.crd import crd, crd_yaml
-from multiworld_operator.spec import MAX_REPLICAS
+from multiworld_operator.spec.limits import MAX_REPLICAS
 
 pytestmark = pytest.mark.quick
 

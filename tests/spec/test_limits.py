@@ -1,4 +1,4 @@
-"""The caps of the spec (spec.py) against the limits they follow from: the largest spec they
+"""The caps of the spec (spec/limits.py) against the limits they follow from: the largest spec they
 admit is accepted and everything written for it fits its limit, with names of 63 characters;
 one past any cap is refused, naming its field. The figures come from the real code
 (spec.limits_support: the planner, the operator's bodies, the worker's annotations). The time and
@@ -30,7 +30,8 @@ from spec.limits_support import (
 
 from multiworld_operator.crd import crd
 from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
-from multiworld_operator.spec import (
+from multiworld_operator.spec import SpecError, parse_manifest
+from multiworld_operator.spec.limits import (
     MAX_MEMBERS,
     MAX_PODS,
     MAX_PROBLEM_LENGTH,
@@ -40,8 +41,6 @@ from multiworld_operator.spec import (
     MAX_SPEC_BYTES,
     MAX_WORLDS,
     MAX_WORLDS_PER_POD,
-    SpecError,
-    parse_manifest,
 )
 
 pytestmark = pytest.mark.quick

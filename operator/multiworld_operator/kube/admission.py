@@ -16,7 +16,8 @@ from typing import Any
 
 import kopf
 
-from ..spec import API_GROUP, API_VERSION, PLURAL, SpecError, parse_manifest
+from ..spec import SpecError, parse_manifest
+from ..spec.resource import API_GROUP, API_VERSION, PLURAL
 from .refusal import refusal_message
 from .webhook_secret import CertificateSecret, secret_name, secret_namespace
 from .webhook_tls import AdmissionServer, CaBundle

@@ -19,7 +19,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from multiworld_operator.kube.api_basics import MERGE_PATCH, REQUEST_TIMEOUT_S, event_body
 
-from ..spec import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
+from ..spec.resource import API_GROUP, API_VERSION, GROUP_VERSION, KIND, PLURAL
 from .bodies import COMPONENT
 from .observe import ObjectMeta
 

@@ -18,7 +18,7 @@ from typing import Any
 from multiworld.contract import ENV_NAME, ENV_NAMESPACE, NAME_LABEL, TOKEN_AUDIENCE, TOKEN_PATH
 
 from ..planner import CreatePod
-from ..spec import GROUP_VERSION, KIND
+from ..spec.resource import GROUP_VERSION, KIND
 
 MEMBER_LABEL = "multiworld.io/member"
 ORDINAL_LABEL = "multiworld.io/ordinal"

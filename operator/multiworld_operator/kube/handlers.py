@@ -20,7 +20,7 @@ import kopf
 
 from multiworld_operator.kube.api_basics import REQUEST_TIMEOUT_S
 
-from ..spec import API_GROUP, API_VERSION, PLURAL
+from ..spec.resource import API_GROUP, API_VERSION, PLURAL
 from .api import CONCURRENCY, KubeApi, api_client
 from .bodies import NAME_LABEL
 from .channel_settings import ChannelSettings

@@ -23,7 +23,8 @@ from kubernetes.client.rest import ApiException
 from multiworld_operator.kube.api_basics import api_message
 
 from ..planner import MultiWorldStatus
-from ..spec import GROUP_VERSION, KIND, MultiWorld
+from ..spec import MultiWorld
+from ..spec.resource import GROUP_VERSION, KIND
 from .api import KubeApi
 from .bodies import MEMORY_LABEL, selector
 from .configmap_writer import ConfigMapWriter

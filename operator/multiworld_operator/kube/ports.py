@@ -15,7 +15,8 @@ from collections import defaultdict
 
 from multiworld.contract import WorldTable
 
-from ..spec import PORT_BASE, PORT_SPAN, MultiWorld
+from ..spec import MultiWorld
+from ..spec.limits import PORT_BASE, PORT_SPAN
 
 
 def preferred_port(multiworld: MultiWorld, world: str) -> int:

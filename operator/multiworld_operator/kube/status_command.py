@@ -23,7 +23,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from ..planner import StatusView
-from ..spec import API_GROUP, API_VERSION, PLURAL
+from ..spec.resource import API_GROUP, API_VERSION, PLURAL
 from ..text_columns import aligned
 
 # How long a watch request stays open before it is renewed (the API server ends it anyway).

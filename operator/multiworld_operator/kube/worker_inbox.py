@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping, Set
 
 from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldEntry, WorldTable
 
-from ..spec import MAX_LABEL
+from ..spec.names import MAX_LABEL
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,6 @@ from pydantic.alias_generators import to_camel
 
 from multiworld.contract import Backend, WorldTable
 
-from ..spec import MAX_FAILURE_MESSAGE, MAX_MESSAGE
-
 WorldPhase = Literal["Pending", "Running", "Recovering", "Failed", "Succeeded", "Suspended"]
 Phase = Literal["Pending", "Running", "Degraded", "Recovering", "Failed", "Succeeded", "Suspended"]
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -33,6 +31,14 @@ RECENT_RESTARTS = 16
 RESTART_SLOTS = 32
 # Phases in which a world is formed (or forming) at its epoch and listed in the world table.
 UP_PHASES: frozenset[str] = frozenset({"Pending", "Running", "Recovering"})
+# The longest message the status keeps per world or per pod (why a world failed, why a pod
+# waits), as the spec's caps on worlds and ranks assume it (spec/limits.py); the reasons of
+# workers' reports are taken at this length too.
+MAX_MESSAGE = 128
+# A world's last failure quotes the failed pod's termination message, whose opening says what
+# went wrong and how to fix it: room for the longest the worker writes itself (a refused
+# permission and its fix) after the pod's name and rank.
+MAX_FAILURE_MESSAGE = 384
 # A condition's message (a few per MultiWorld: room for a list of world names, cut beyond).
 MAX_CONDITION_MESSAGE = 1024
 CUT_MARK = " [...]"
