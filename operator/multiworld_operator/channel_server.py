@@ -10,8 +10,11 @@ pushes that pod its part of its group's world table (the entries of its own worl
 elsewhere sends it nothing). A group is one MultiWorld.
 
 Anything in the cluster may connect, so what each source may cost is bounded (docs/security.md
-has the figures): a hello within HELLO_TIMEOUT_S, at most MAX_GREETING connections greeting at
-once, hellos per source address (each may cost the platform a check: a TokenReview), lines up
+has the figures): a hello within HELLO_TIMEOUT_S, at most MAX_GREETING_PER_SOURCE connections
+greeting at once per source address, at most MAX_READING connections in all still reading their
+hello (past it the oldest of them is closed, so that no flood, from one source or many, holds the
+door shut: a worker sends its hello as it connects, and the flood's connections are older),
+hellos per source address (each may cost the platform a check: a TokenReview), lines up
 to MAX_LINE bytes, messages and bytes per pod whatever its connections (a reconnection does
 not refill them), and what the platform has written to a connection and the worker has not
 read (past MAX_UNSENT the connection is dropped). Past a bound the connection is refused (the
@@ -21,6 +24,7 @@ worker is told why, and reconnects more slowly), said in the log once a minute p
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -45,7 +49,14 @@ MAX_LINE = 128 * KIB
 # A connection must prove who speaks within this long, and only so many may be trying at once:
 # silent, slow or junk connections (anything in the cluster may connect) cost a bounded amount.
 HELLO_TIMEOUT_S = 10.0
-MAX_GREETING = 64
+# A worker has one connection at a time (a reconnection follows the close of the last): a source
+# holding more is not a worker, or a node's worth of them starting at once.
+MAX_GREETING_PER_SOURCE = 8
+# Connections the kernel holds for the server to accept: a flood that fills this queue makes
+# the kernel drop a worker's connection attempt, which it then retries only after a second.
+BACKLOG = 4096
+# Connections still reading their hello, each holding up to MAX_LINE of buffer: 32 MiB at most.
+MAX_READING = 256
 # What one pod may send, over all its connections: a burst, then a steady rate, of messages
 # and of bytes. A worker sends a status per change (a world joined, a table applied) and a
 # report per world it saw break (on connecting: its status and a report per world, twice over
@@ -119,7 +130,7 @@ class ChannelServer:
         self._sent: dict[tuple[Hashable, str], WorldTable] = {}
         self._server: asyncio.Server | None = None
         # Connections that have not proven who speaks yet.
-        self._greeting = 0
+        self._greeters = _Greeters()
         # What each pod may still send, by (group, pod).
         self._messages = Budgets(MESSAGE_BURST, MESSAGES_PER_S)
         self._bytes = Budgets(BYTE_BURST, BYTES_PER_S)
@@ -127,7 +138,7 @@ class ChannelServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `host`:`port` (0: a free port); the port listened on."""
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE)
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_LINE, backlog=BACKLOG)
         listened: int = self._server.sockets[0].getsockname()[1]
         return listened
 
@@ -178,18 +189,22 @@ class ChannelServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         speaker: Speaker | None = None
         try:
-            if self._greeting >= MAX_GREETING:
-                self._warn(("busy",), "%d connections are greeting already; closed %s", MAX_GREETING, _peer(writer))
+            source = _host(writer)
+            if not self._greeters.admit(writer, source):
+                self._warn(
+                    ("busy", source),
+                    "%s has %d connections greeting already; closed %s",
+                    source,
+                    MAX_GREETING_PER_SOURCE,
+                    _peer(writer),
+                )
                 return
-            self._greeting += 1
             try:
                 speaker = await asyncio.wait_for(self._greet(reader, writer), HELLO_TIMEOUT_S)
             except TimeoutError:
-                self._warn(
-                    ("silent", _host(writer)), "%s sent no hello within %.0f s; closed", _peer(writer), HELLO_TIMEOUT_S
-                )
+                self._warn(("silent", source), "%s sent no hello within %.0f s; closed", _peer(writer), HELLO_TIMEOUT_S)
             finally:
-                self._greeting -= 1
+                self._greeters.leave(writer)
             if speaker is None:
                 return
             key = (speaker.group, speaker.pod)
@@ -213,13 +228,19 @@ class ChannelServer:
         """The speaker of a new connection, which gets its part of the table; None (refused,
         and told why) unless the first line is a hello that proves who speaks."""
         try:
-            hello = ChannelMessage.decode(await reader.readline()).hello
+            line = await reader.readline()
+            self._greeters.heard(writer)
+            if writer.is_closing():
+                return None  # closed as the oldest reading its hello
+            hello = ChannelMessage.decode(line).hello
             if hello is None:
                 raise Refused("the first message on a connection must be a hello")
             speaker = await self._authenticate(hello, _host(writer))
         except (Refused, ValidationError) as refusal:
             reason = str(refusal) if isinstance(refusal, Refused) else "the first line is not a channel message"
             await self._refuse(writer, reason)
+            return None
+        if writer.is_closing():
             return None
         key = (speaker.group, speaker.pod)
         previous = self._writers.get(key)
@@ -281,6 +302,45 @@ class _QuietLog:
         self._said[key] = (now, 0)
         held = f" ({said[1]} more like it in the last {now - said[0]:.0f} s)" if said is not None and said[1] else ""
         log.warning("channel: " + message + "%s", *args, held)
+
+
+class _Greeters:
+    """The connections that have not proven who speaks yet: at most MAX_GREETING_PER_SOURCE of a
+    source, and at most MAX_READING still reading their hello (the oldest of those is closed to
+    let a new one in). One that sent its hello line is never closed for another: its check (a
+    TokenReview) is bounded by the hellos a source may say."""
+
+    def __init__(self) -> None:
+        self._sources: dict[asyncio.StreamWriter, str] = {}
+        self._per_source: collections.Counter[str] = collections.Counter()
+        # Those still reading their hello, oldest first.
+        self._reading: dict[asyncio.StreamWriter, None] = {}
+
+    def admit(self, writer: asyncio.StreamWriter, source: str) -> bool:
+        """Count the connection in, closing the oldest still reading where they are too many;
+        False (nothing counted) when its source has too many greeting."""
+        if self._per_source[source] >= MAX_GREETING_PER_SOURCE:
+            return False
+        if len(self._reading) >= MAX_READING:
+            oldest = next(iter(self._reading))
+            del self._reading[oldest]
+            oldest.transport.abort()
+        self._sources[writer] = source
+        self._per_source[source] += 1
+        self._reading[writer] = None
+        return True
+
+    def heard(self, writer: asyncio.StreamWriter) -> None:
+        """The connection's first line arrived."""
+        self._reading.pop(writer, None)
+
+    def leave(self, writer: asyncio.StreamWriter) -> None:
+        """The connection proved who speaks, or is closed."""
+        self._reading.pop(writer, None)
+        source = self._sources.pop(writer)
+        self._per_source[source] -= 1
+        if not self._per_source[source]:
+            del self._per_source[source]
 
 
 class Budgets:

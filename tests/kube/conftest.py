@@ -30,6 +30,22 @@ from multiworld_test_cluster import Cluster  # noqa: E402
 from operator_support import scene  # noqa: E402, F401
 
 DEFAULT_SERVICEACCOUNT_TIMEOUT_S = 60.0
+# The session's clusters, in the order they start: a test needing the first runs before those
+# needing the second.
+_CLUSTERS = ("kube_cluster", "kube_node")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that needs a session cluster runs after all the others (the control plane's,
+    then the node's), in its order otherwise: a session cluster lives until the session ends,
+    and its daemons and draining pods would load the machine under every later test (timing
+    failure detection among them)."""
+
+    def started_clusters(item: pytest.Item) -> int:
+        names = getattr(item, "fixturenames", ())
+        return max((rank + 1 for rank, name in enumerate(_CLUSTERS) if name in names), default=0)
+
+    items.sort(key=started_clusters)
 
 
 def _running_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[Cluster]:

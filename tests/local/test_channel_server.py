@@ -84,28 +84,56 @@ def test_a_connection_without_a_hello_is_closed_at_its_deadline(short_hello: Non
     asyncio.run(scenario())
 
 
-def test_only_so_many_connections_may_greet_at_once(short_hello: None) -> None:
-    """MAX_GREETING silent connections hold every greeting slot: one more is closed at once; once
-    their deadline closed them, a hello is served again."""
+async def connect_from(source: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection from `source` (any 127/8 address is this machine's)."""
+    return await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+
+
+def test_one_source_may_greet_on_so_many_connections_at_once(short_hello: None) -> None:
+    """MAX_GREETING_PER_SOURCE silent connections from one source: one more from there is closed
+    at once, while a worker from another source is served."""
 
     async def scenario() -> None:
         server = ChannelServer(lambda *_: None, lambda *_: None)
         port = await server.start()
-        silent = [await connect(port) for _ in range(channel_server.MAX_GREETING)]
+        silent = [await connect_from("127.0.0.2", port) for _ in range(channel_server.MAX_GREETING_PER_SOURCE)]
         await asyncio.sleep(0.2)  # the server took each of them
-        reader, writer = await connect(port)
+        reader, writer = await connect_from("127.0.0.2", port)
         writer.write(ChannelMessage(hello=Hello(pod="late")).encode())
         assert await closed_within(reader, HELLO_TIMEOUT_S / 2) == []
-        for silent_reader, _ in silent:
-            await closed_within(silent_reader, HELLO_TIMEOUT_S + 5)
-        reader, writer = await connect(port)
+        reader, writer = await connect_from("127.0.0.3", port)
         writer.write(ChannelMessage(hello=Hello(pod="served")).encode())
         await writer.drain()
         await asyncio.sleep(0.3)
         assert not reader.at_eof()
+        assert not any(silent_reader.at_eof() for silent_reader, _ in silent)
         for _, silent_writer in silent:
             silent_writer.close()
         writer.close()
+        await server.close()
+
+    asyncio.run(scenario())
+
+
+def test_past_so_many_connections_reading_a_hello_the_oldest_is_closed() -> None:
+    """MAX_READING silent connections from many sources, then one more: the oldest is closed to
+    let it in, and the others stay (until their deadline, the default here: opening them all
+    may take more than a short one on a loaded machine)."""
+
+    async def scenario() -> None:
+        server = ChannelServer(lambda *_: None, lambda *_: None)
+        port = await server.start()
+        per_source = channel_server.MAX_GREETING_PER_SOURCE
+        sources = [f"127.0.1.{n}" for n in range(1, channel_server.MAX_READING // per_source + 1)]
+        silent = [await connect_from(source, port) for source in sources for _ in range(per_source)]
+        await asyncio.sleep(0.2)
+        assert not any(silent_reader.at_eof() for silent_reader, _ in silent)
+        newest = await connect_from("127.0.0.2", port)
+        assert await closed_within(silent[0][0], 2) == []
+        await asyncio.sleep(0.2)
+        assert not any(silent_reader.at_eof() for silent_reader, _ in [*silent[1:], newest])
+        for _, silent_writer in [*silent, newest]:
+            silent_writer.close()
         await server.close()
 
     asyncio.run(scenario())
