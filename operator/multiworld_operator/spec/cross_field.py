@@ -16,15 +16,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .limits import MAX_PODS, MAX_RANKS, MAX_SPEC_BYTES, MAX_WORLDS_PER_POD, PORT_BASE, PORT_SPAN
-from .names import DNS1035_LABEL, MAX_LABEL, SPARE_SERIAL_ROOM, is_label, label_problems, pod_name
+from .names import MAX_LABEL, SPARE_SERIAL_ROOM, is_label, pod_name
 
 
 def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
     """The problems that span fields of a manifest (a parsed mapping, valid or not)."""
     problems: list[str] = []
     mw_name = get(data.get("metadata"), "name")
-    if isinstance(mw_name, str):
-        problems += label_problems("metadata.name", mw_name, DNS1035_LABEL, "a letter")
     spec = data.get("spec")
     problems += _spec_size_problems(spec)
     problems += _store_port_problems(spec)
@@ -93,7 +91,6 @@ def _member_problems(spec: object, mw_name: str | None, problems: list[str]) -> 
         if not isinstance(name, str):
             continue
         path = f"spec.members[{index}].name"
-        problems += label_problems(path, name)
         if name in declared:
             problems.append(f"{path}: member {name!r} is declared twice")
             continue
@@ -128,7 +125,6 @@ def _world_problems(spec: object, replicas: Mapping[str, int | None], problems: 
         name = world.get("name")
         label = name if isinstance(name, str) else f"#{index}"
         if isinstance(name, str):
-            problems += label_problems(f"spec.worlds[{index}].name", name)
             if name in seen_worlds:
                 problems.append(f"spec.worlds[{index}].name: world {name!r} is declared twice")
             seen_worlds.add(name)

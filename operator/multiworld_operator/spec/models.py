@@ -48,7 +48,7 @@ from .limits import (
     MAX_WORLDS,
     MAX_WORLDS_PER_POD,
 )
-from .names import DNS1123_LABEL, MAX_LABEL, pod_name
+from .names import DNS1035_LABEL, DNS1123_LABEL, MAX_LABEL, check_label, pod_name
 
 BackendChoice = Literal["auto", "nccl", "gloo"]
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -147,6 +147,8 @@ class Member(_SpecModel):
         "for an identity: a failed pod of this member is replaced by a spare instead of a new pod.",
     )
 
+    _name = field_validator("name")(check_label)
+
 
 class World(_SpecModel):
     """One communication group: the members' pods in rank order."""
@@ -159,6 +161,8 @@ class World(_SpecModel):
     )
     backend: BackendChoice | None = Field(default=None, description="Overrides spec.backend for this world.")
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+
+    _name = field_validator("name")(check_label)
 
 
 class UpdateStrategy(_SpecModel):
@@ -227,6 +231,11 @@ class Metadata(BaseModel):
     uid: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_service_name(cls, name: str) -> str:
+        return check_label(name, DNS1035_LABEL, "a letter")
 
 
 _Named = TypeVar("_Named", Member, World)

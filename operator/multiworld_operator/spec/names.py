@@ -19,15 +19,14 @@ def is_label(value: str, pattern: re.Pattern[str] = DNS1123_LABEL) -> bool:
     return len(value) <= MAX_LABEL and pattern.match(value) is not None
 
 
-def label_problems(
-    path: str, value: str, pattern: re.Pattern[str] = DNS1123_LABEL, first: str = "a letter or digit"
-) -> list[str]:
+def check_label(value: str, pattern: re.Pattern[str] = DNS1123_LABEL, first: str = "a letter or digit") -> str:
+    """`value` when it is a DNS label of `pattern`, else ValueError saying what a name may be."""
     if not is_label(value, pattern):
-        return [
-            f"{path}: {value!r} is not a valid name (a DNS label: at most {MAX_LABEL} characters "
+        raise ValueError(
+            f"{value!r} is not a valid name (a DNS label: at most {MAX_LABEL} characters "
             f"of a-z, 0-9 and '-', starting with {first} and ending with a letter or digit)"
-        ]
-    return []
+        )
+    return value
 
 
 def pod_name(multiworld: str, member: str, ordinal: int) -> str:
