@@ -9,6 +9,11 @@ communicator's ops are the worlds' own ops, `remove_world` is `leave`. What it t
 - epochs: no controller numbers a world's incarnations here; `initialize_world` reads from the
   world's store which epoch to join (`rendezvous.next_epoch`), so the survivors of a broken
   world and a restarted peer meet at the next epoch, and a replaced member is refused.
+- secrets: no controller hands a world's members a secret here (the user gives the address and
+  port), so a world's store keys are open to any process that reaches rank 0's store port: the
+  contract that a process holding no rank in a world can neither read nor write its rendezvous
+  state holds for worlds a controller manages (`multiworld run`, the operator), not these.
+  Keep such a store where only the world's members reach it.
 - `cleanup()`: ends the process, as pymultiworld documents.
 
 No torch at import (the manager imports this module).

@@ -59,9 +59,16 @@ _EVENT_SEQUENCE = itertools.count()
 WORLD_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-def store_prefix(world: str, epoch: int) -> str:
-    """Where the store keys of one incarnation of a world live, fencing out older epochs."""
-    return f"{world}/{epoch}/"
+# A world's secret at one epoch (`WorldAssignment.secret`): 32 to 64 lowercase hex digits,
+# or "" where no controller hands secrets (pymultiworld's `initialize_world`, a hand-made env).
+SECRET_PATTERN = r"^([0-9a-f]{32,64})?$"
+
+
+def store_prefix(world: str, epoch: int, secret: str = "") -> str:
+    """Where the store keys of one incarnation of a world live, fencing out older epochs. With
+    the epoch's secret in it, a process that was not handed the secret (one that holds no rank in
+    the world at this epoch) cannot name, and so neither read nor write, any key under it."""
+    return f"{world}/{epoch}/{secret}/" if secret else f"{world}/{epoch}/"
 
 
 class _Model(BaseModel):
@@ -78,6 +85,12 @@ class WorldAssignment(_Model):
     port: int = Field(ge=1, le=65535)
     epoch: int = Field(default=1, ge=1)
     backend: Backend = "gloo"
+    # The world's secret at this epoch, handed by the controller to this epoch's members only
+    # (over the authenticated channel, and in the pod's env at start): every store key of the
+    # epoch lives under it (`store_prefix`), and the world-wide epoch key is not used. "" where
+    # no controller hands secrets: keys under `<world>/<epoch>/`, open to anyone who reaches the
+    # store (pymultiworld's `initialize_world`, a hand-made MULTIWORLD_WORLDS).
+    secret: str = Field(default="", pattern=SECRET_PATTERN, repr=False)
 
     @field_validator("name")
     @classmethod
@@ -95,7 +108,7 @@ class WorldAssignment(_Model):
     @property
     def store_prefix(self) -> str:
         """Store keys of this incarnation live here, fencing out older epochs."""
-        return store_prefix(self.name, self.epoch)
+        return store_prefix(self.name, self.epoch, self.secret)
 
 
 class WorldEntry(_Model):
@@ -114,6 +127,9 @@ class WorldEntry(_Model):
     # A warm spare keeps its own pod name: spare pod -> the member pod (`<mw>-<member>-<ordinal>`)
     # it plays, for each spare among `pods`.
     plays: dict[str, str] = Field(default_factory=dict)
+    # The world's secret at this epoch (WorldAssignment.secret): the platform fills it in as it
+    # sends each pod its entries (the planner's table has none).
+    secret: str = Field(default="", pattern=SECRET_PATTERN, repr=False)
 
     @property
     def size(self) -> int:
@@ -128,6 +144,7 @@ class WorldEntry(_Model):
             port=self.port,
             epoch=self.epoch,
             backend=self.backend,
+            secret=self.secret,
         )
 
 
@@ -202,7 +219,7 @@ class WorkerEnv(_Model):
     def to_env(self) -> dict[str, str]:
         env = {
             ENV_POD: self.pod,
-            ENV_WORLDS: json.dumps([w.model_dump() for w in self.worlds], separators=(",", ":")),
+            ENV_WORLDS: json.dumps([_env_world(w) for w in self.worlds], separators=(",", ":")),
             ENV_TABLE: self.table,
         }
         if self.spare:
@@ -210,6 +227,11 @@ class WorkerEnv(_Model):
         if self.metrics_port is not None:
             env[ENV_METRICS_PORT] = str(self.metrics_port)
         return env
+
+
+def _env_world(world: WorldAssignment) -> dict[str, object]:
+    """An assignment as MULTIWORLD_WORLDS lists it: its secret only where it has one."""
+    return world.model_dump(exclude=None if world.secret else {"secret"})
 
 
 def metrics_port_from_env(environ: Mapping[str, str]) -> int | None:

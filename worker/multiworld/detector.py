@@ -7,8 +7,12 @@ members, and they judge it, through one small store that the host's detector ser
 store), with these keys:
 
 - `beat/<token>`: one counter per process (its detector's random token), bumped every tick;
-- `verdict/<world>/<epoch>`: a world's verdict (empty while healthy), copied from the world's
-  abort key; `news`: bumped whenever a verdict is written here.
+- `verdict/<prefix>`: a world's verdict (empty while healthy), copied from the world's abort
+  key, under the world's store prefix (`<world>/<epoch>/<secret>/`: see rendezvous.py);
+  `news/<host's token>`: bumped whenever a verdict is written here.
+Like the world's store, the beat store answers anything that reaches its port: every key names
+a token or a secret that only the members of a world this process hosts were told (in the
+world's store, under its secret), so no other process can name one.
 
 Every tick the host's detector thread bumps its own counter and reads `news` and the counters of
 the member processes of the worlds it hosts (one multi_get). A member process whose counter has
@@ -26,9 +30,9 @@ I/O (its calls go to this process's own servers), and the worlds of that host br
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -43,7 +47,6 @@ from multiworld.verdicts import Verdict, abort_key, epoch_key
 
 log = logging.getLogger(__name__)
 
-NEWS = "news"
 # Each world's store is asked for its newest epoch once per this many dead_afters: a backstop
 # (a member that moves on to a newer epoch closes the older one with a verdict), so rarely.
 EPOCH_CHECK_DEAD_AFTERS = 5.0
@@ -70,8 +73,13 @@ def beat_key(token: str) -> str:
     return f"beat/{token}"
 
 
-def verdict_key(world: str, epoch: int) -> str:
-    return f"verdict/{world}/{epoch}"
+def news_key(host_token: str) -> str:
+    return f"news/{host_token}"
+
+
+def verdict_key(prefix: str) -> str:
+    """Where the beat store holds the verdict of the world whose store prefix is `prefix`."""
+    return f"verdict/{prefix}"
 
 
 class StoreLoad(BaseModel):
@@ -91,12 +99,14 @@ class HeartbeatLoad(BaseModel):
 
 
 class _Counted:
-    """A store client that counts its requests into a StoreLoad."""
+    """A store client that counts its requests into a StoreLoad. `token`: of a beat store, its
+    host process's token (its keys name it)."""
 
-    def __init__(self, store: HeartbeatStore, load: StoreLoad, lock: threading.Lock) -> None:
+    def __init__(self, store: HeartbeatStore, load: StoreLoad, lock: threading.Lock, token: str = "") -> None:
         self._store = store
         self._load = load
         self._lock = lock
+        self.token = token
 
     def _count(self, keys: int) -> None:
         with self._lock:
@@ -133,7 +143,10 @@ class Watch:
         config: DetectConfig,
         world_store: HeartbeatStore | None,
         on_failure: FailureCallback,
+        reads_epoch: bool = True,
     ) -> None:
+        """`reads_epoch`: whether the world's store says which epoch is current (a world
+        without a secret: see rendezvous.py)."""
         self.world = world
         self.epoch = epoch
         self.rank = rank
@@ -141,6 +154,7 @@ class Watch:
         self.interval = config.heartbeat_interval
         self.dead_after = config.dead_after
         self.world_store = world_store
+        self.reads_epoch = reads_epoch
         self._on_failure = on_failure
         # On the host's side: the other members' processes' tokens -> their ranks.
         self.ranks: dict[str, int] = {}
@@ -152,7 +166,7 @@ class Watch:
 
     @property
     def verdict_key(self) -> str:
-        return verdict_key(self.world, self.epoch)
+        return verdict_key(self.prefix)
 
     def publish(self, verdict: Verdict) -> None:
         """Write this member's verdict to the world's abort key and to its host's beat store
@@ -195,7 +209,7 @@ class Watch:
                 # The world's abort key decides which verdict wins; the beat store carries it.
                 winner = self.world_store.compare_set(abort_key(self.prefix), "", verdict.encode())
                 beats.compare_set(self.verdict_key, "", winner.decode())
-                beats.add(NEWS, 1)
+                beats.add(news_key(beats.token), 1)
             except Exception as exc:
                 log.debug("world %s: could not publish verdict: %s", self.world, short(exc))
         self.finish()
@@ -217,7 +231,7 @@ class Watch:
 
     def check_epoch(self) -> None:
         """Has the world's store moved on to a newer epoch?"""
-        if self._failed or self.world_store is None:
+        if self._failed or self.world_store is None or not self.reads_epoch:
             return
         try:
             current = int(self.world_store.get(epoch_key(self.world)) or 0)
@@ -380,7 +394,7 @@ class _Link(_Owner):
             if not watches:
                 continue  # a join is about to watch its world here
             self._call(beats.add, mine, 1)
-            host_beat, now_news = self._call(beats.multi_get, [theirs, NEWS])
+            host_beat, now_news = self._call(beats.multi_get, [theirs, news_key(self.key[2])])
             self._detector._count_tick(link=True)
             silent = host.see(host_beat, time.monotonic())
             if silent > 2 * tick:  # a beat missed, or more: each world judges by its own settings
@@ -401,7 +415,8 @@ class Detector(_Owner):
 
     def __init__(self) -> None:
         super().__init__()
-        self.token = uuid.uuid4().hex[:16]
+        # Unguessable: the beat store's keys name it (see the module's docstring).
+        self.token = secrets.token_hex(16)
         self._lock = threading.Lock()
         self._load = HeartbeatLoad()
         self._load_lock = threading.Lock()
@@ -450,7 +465,8 @@ class Detector(_Owner):
         except Exception as exc:
             raise StoreLost(f"cannot reach the failure detector of rank 0 at {key[0]}:{key[1]}: {short(exc)}") from exc
         with self._lock:
-            link = self._links.setdefault(key, _Link(self, key, self._counted(store, self._load.beat_stores)))
+            beats = self._counted(store, self._load.beat_stores, key[2])
+            link = self._links.setdefault(key, _Link(self, key, beats))
             link.pins += 1
 
     def unpin(self, host: str, rank0: Mapping[str, object]) -> None:
@@ -510,8 +526,8 @@ class Detector(_Owner):
 
     # -- for the links -------------------------------------------------------------------
 
-    def _counted(self, store: HeartbeatStore, load: StoreLoad) -> _Counted:
-        return _Counted(store, load, self._load_lock)
+    def _counted(self, store: HeartbeatStore, load: StoreLoad, token: str = "") -> _Counted:
+        return _Counted(store, load, self._load_lock, token)
 
     def _count_tick(self, *, link: bool) -> None:
         with self._load_lock:
@@ -551,9 +567,9 @@ class Detector(_Owner):
         from torch.distributed import TCPStore
 
         server = TCPStore(LOOPBACK, 0, None, True, timedelta(seconds=60), wait_for_workers=False)
-        beats = self._counted(server, self._load.beat_stores)
+        beats = self._counted(server, self._load.beat_stores, self.token)
         beats.add(beat_key(self.token), 0)
-        beats.add(NEWS, 0)
+        beats.add(news_key(self.token), 0)
         self._server, self._beats = server, beats
 
     def _stop_serving(self) -> None:
@@ -621,7 +637,7 @@ class Detector(_Owner):
             return
         tokens = list(self._members)
         beats.add(beat_key(self.token), 1)
-        values = beats.multi_get([NEWS] + [beat_key(t) for t in tokens])
+        values = beats.multi_get([news_key(self.token)] + [beat_key(t) for t in tokens])
         self._count_tick(link=False)
         now = time.monotonic()
         for token, value in zip(tokens, values[1:], strict=True):

@@ -1,13 +1,20 @@
 """The members' handshake in a world's store, before the communicator is built.
 
-Keys (under the epoch prefix `<world>/<epoch>/`): `claim/<rank>` (one process per rank),
-`member/<rank>` (what each member was told: size, backend, pod, and its failure detector's
-token and port: see detector.py), `abort` (a verdict: empty while healthy). Outside the
-prefix, `<world>/epoch` holds the newest epoch any member has asked for, so an older one is
-refused at once.
+Keys (under the epoch prefix `<world>/<epoch>/<secret>/`, `contract.store_prefix`):
+`claim/<rank>` (one process per rank), `member/<rank>` (what each member was told: size,
+backend, pod, and its failure detector's token and port: see detector.py), `abort` (a verdict:
+empty while healthy). Rank 0's store answers anything that reaches its port, with no
+authentication of its own: the secret, which the controller hands only to the epoch's members,
+is what keeps every other process from naming (reading or writing) any of these keys.
 
-Where no controller numbers the epochs (pymultiworld's `initialize_world`), `next_epoch` reads
-from these keys which epoch a process joins.
+A world without a secret (no controller hands one: pymultiworld's `initialize_world`, a
+hand-made env) has its keys under `<world>/<epoch>/`, open to anyone who reaches the store, and
+one key outside the prefix: `<world>/epoch`, the newest epoch any member has asked for, so an
+older one is refused at once, and from which `next_epoch` reads which epoch a process joins
+where no controller numbers them. A world with a secret neither writes nor reads it (anyone
+could set it to 999 and move the world): its controller numbers the epochs and tells the
+members of a newer one through the table, and a member that moves on closes the older epoch
+with a verdict under that epoch's prefix.
 """
 
 from __future__ import annotations
@@ -111,6 +118,8 @@ class Rendezvous:
             raise StoreLost(f"{self._what}: rendezvous failed: {short(exc)}") from exc
 
     def _fence_epoch(self) -> None:
+        if self._a.secret:
+            return  # the controller numbers the epochs (see the module's docstring)
         key, mine = epoch_key(self._a.name), str(self._a.epoch)
         current = self._store.compare_set(key, "", mine).decode()
         while current != mine:
@@ -173,7 +182,7 @@ class Rendezvous:
         rejected = self._store.get(abort_key(self._prefix))
         if rejected:
             raise WorldJoinError(f"{self._what} was rejected: {Verdict.decode(rejected).describe()}")
-        current = int(self._store.get(epoch_key(self._a.name)))
+        current = 0 if self._a.secret else int(self._store.get(epoch_key(self._a.name)))
         if current > self._a.epoch:
             raise StaleEpochError(f"{self._what} is stale: the world moved on to epoch {current}")
         if time.monotonic() >= self._deadline:

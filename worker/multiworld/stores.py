@@ -2,7 +2,8 @@
 
 A process keeps one store server per port (and so per world) for as long as it holds the
 world, so a rank 0 that survives a failure serves the later epochs too; the epoch prefix
-(`<world>/<epoch>/`) keeps older epochs out.
+(`<world>/<epoch>/<secret>/`: contract.store_prefix) keeps older epochs out, and any process
+not handed the epoch's secret (the server itself authenticates nobody).
 """
 
 from __future__ import annotations

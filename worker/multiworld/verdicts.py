@@ -40,5 +40,6 @@ def abort_key(prefix: str) -> str:
 
 
 def epoch_key(world: str) -> str:
-    """Outside the epoch prefix on purpose: it says which epoch is current."""
+    """Outside the epoch prefix on purpose: it says which epoch is current. Used by worlds
+    without a secret only (rendezvous.py says why)."""
     return f"{world}/epoch"

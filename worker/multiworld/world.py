@@ -65,6 +65,7 @@ class World(Collectives):
             config=config,
             world_store=store,
             on_failure=self._heartbeat_failed,
+            reads_epoch=not assignment.secret,
         )
 
     def __repr__(self) -> str:

@@ -33,6 +33,7 @@ from ..planner import (
     plan,
 )
 from ..spec import MultiWorld
+from ..world_secrets import WorldSecrets, new_key
 from .faults import FaultSchedule, Kill, SuspendWindow, kill_target
 from .gpus import cuda_device_count, gpu_env
 from .launcher import MemberLauncher, check_commands, member_commands
@@ -111,6 +112,9 @@ class LocalRunner:
             on_report=lambda _, report: self.pods.on_report(report),
             on_status=lambda _, status: self.pods.on_status(status),
         )
+        # Each world's secret at each epoch, handed to its members only (world_secrets.py): a
+        # key of this run's own (the name may be edited in the manifest: fixed here).
+        self.secrets = WorldSecrets(new_key(), multiworld.name)
 
     # --- outputs ------------------------------------------------------------------------
     async def _execute(self, actions: list[Action]) -> None:
@@ -118,9 +122,9 @@ class LocalRunner:
             if isinstance(action, DeletePod):
                 await self.pods.delete(action.pod)
             elif isinstance(action, PublishTable):
-                self.server.publish(action.table)
+                self.server.publish(self.secrets.table(action.table))
             elif isinstance(action, CreatePod):
-                await self.pods.create(action)
+                await self.pods.create(self.secrets.create(action))
             elif isinstance(action, AssignSpare):
                 self.pods.assign(action.pod, action.member, action.ordinal)
             elif isinstance(action, EmitEvent):
