@@ -14,6 +14,7 @@ from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, REPO, Manifest
 
 from multiworld_operator.kube.admission import HANDLER_ID
 from multiworld_operator.kube.webhook_secret import secret_name
+from multiworld_operator.kube.world_key import ENV_WORLD_KEY_SECRET
 
 pytestmark = pytest.mark.quick
 
@@ -136,6 +137,28 @@ def test_the_worker_channel_is_served_through_a_service(render: Callable[..., Re
     assert env["MULTIWORLD_CHANNEL_URL"] == f"operator://{FULLNAME}.{RELEASE_NAMESPACE}.svc:9443"
     assert env["MULTIWORLD_CHANNEL_PORT"] == "9443"
     assert {"name": "channel", "containerPort": 9443, "protocol": "TCP"} in container(rendered)["ports"]
+
+
+@BOTH_MODES
+def test_every_replica_reads_one_world_key_and_no_other_secret(
+    render: Callable[..., Rendered], values: dict[str, Any]
+) -> None:
+    """Issue 32 finding 5: every world's secrets derive from one key, the same on every replica
+    and after a restart: the Secret the chart makes empty (the operator writes the key into it,
+    and an upgrade keeps it), in the release's namespace, which the operator may read and fill
+    and no other Secret through this Role."""
+    rendered = render(values)
+    name = f"{FULLNAME}-world-key"
+    secret = rendered.one("Secret", name, RELEASE_NAMESPACE)
+    assert "data" not in secret and "stringData" not in secret
+    env = {e["name"]: e.get("value") for e in container(rendered)["env"]}
+    assert env[ENV_WORLD_KEY_SECRET] == name
+    assert "POD_NAMESPACE" in env  # where the operator looks for it
+    role = rendered.one("Role", name, RELEASE_NAMESPACE)
+    assert granted(role) == grants("", ["secrets"], ["get", "update"])
+    assert [r["resourceNames"] for r in role["rules"]] == [[name]]
+    binding = rendered.one("RoleBinding", name, RELEASE_NAMESPACE)
+    assert binding["roleRef"]["name"] == name and binding["subjects"] == [operator_subject()]
 
 
 @BOTH_MODES

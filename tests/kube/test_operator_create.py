@@ -79,6 +79,10 @@ def test_pods_service_env_and_owner(scene: Scene) -> None:
     assert leader["wa"]["port"] != leader["wb"]["port"]  # one rank-0 pod hosts both stores
     [worker_world] = json.loads(env_of(pods["mw-b-1"])["MULTIWORLD_WORLDS"])
     assert (worker_world["name"], worker_world["rank"], worker_world["port"]) == ("wb", 2, leader["wb"]["port"])
+    # Each world's store keys live under its secret at its epoch, handed to its members only
+    # (issue 32, finding 5): the same for every member, another for every other world.
+    assert worker_world["secret"] == leader["wb"]["secret"] != leader["wa"]["secret"]
+    assert all(len(w["secret"]) == 32 for w in leader.values())
     assert created_for(pods["mw-leader-0"]) == {"wa": 1, "wb": 1}
     assert created_for(pods["mw-a-1"]) == {"wa": 1}
 

@@ -12,6 +12,7 @@ MultiWorld by a Warning Event naming the pod), and the workers' ServiceAccount m
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from operator_support import (
     WORKER_SA,
     Kubelet,
     KubeNamespace,
+    env_of,
     install_release,
     running_operator,
     two_worlds,
@@ -32,7 +34,15 @@ from operator_support import (
 )
 
 from multiworld.channels.stream import parse_url
-from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldEntry, WorldTable
+from multiworld.contract import (
+    ENV_WORLDS,
+    BrokenWorldReport,
+    ChannelMessage,
+    Hello,
+    WorkerStatus,
+    WorldEntry,
+    WorldTable,
+)
 from multiworld_operator.kube.api_basics import MERGE_PATCH
 
 pytestmark = pytest.mark.kube
@@ -101,6 +111,10 @@ def test_channel_follows_the_table_and_reaches_the_operator(chart_scene: ChartSc
     ):
         first = until(leader, {"wa": 1, "wb": 1})
         assert sorted(first.assignments_for(LEADER)) == ["wa", "wb"]
+        # Each entry carries its world's secret at its epoch, the one the pod's env gave it.
+        pod = kube.core.read_namespaced_pod(LEADER, kube.namespace)
+        started = {a["name"]: a["secret"] for a in json.loads(env_of(pod)[ENV_WORLDS])}
+        assert {w.name: w.secret for w in first.worlds} == started and all(started.values())
         until(bystander, {"wb": 1})
         leader.status(WorkerStatus(pod=LEADER, joined={"wa": 1, "wb": 1}))
 

@@ -4,12 +4,14 @@ keeps out of a running world's store."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from pydantic import ValidationError
 
 from multiworld.contract import ENV_WORLDS, WorkerEnv, WorldAssignment, WorldEntry, WorldTable, store_prefix
+from multiworld_operator.kube.world_key import ENV_WORLD_KEY_SECRET, world_key
 from multiworld_operator.planner import CreatePod
 from multiworld_operator.world_secrets import KEY_BYTES, SECRET_HEX, WorldSecrets, new_key
 
@@ -77,3 +79,11 @@ def test_an_env_without_secrets_reads_and_writes_as_before() -> None:
 def test_a_secret_is_hex_digits_and_long_enough(secret: str) -> None:
     with pytest.raises(ValidationError):
         WorldAssignment(name="w", rank=0, size=2, host="h", port=1, secret=secret)
+
+
+def test_an_operator_without_a_world_key_secret_named_has_a_key_of_its_own() -> None:
+    """(tests/kube/test_world_key.py: the Secret every replica reads.)"""
+    first, second = asyncio.run(world_key({})), asyncio.run(world_key({}))
+    assert len(first) == KEY_BYTES and first != second
+    with pytest.raises(ValueError, match="POD_NAMESPACE"):
+        asyncio.run(world_key({ENV_WORLD_KEY_SECRET: "named"}))

@@ -21,6 +21,8 @@ status subresource, Events).
 - `networking`: the headless Service and the NetworkPolicy made to exist as the spec wants, and
   made so again when the watch shows them changed.
 - `channel_settings`: where the worker channel listens and what pods are told (from the env).
+- `world_key`: the key every world's secret derives from (`..world_secrets`), one for every
+  replica and across restarts, in a Secret the chart makes empty and the first replica fills.
 - `worker_identity`: which pod a worker channel connection speaks for (its token, a TokenReview).
 - `worker_inbox`: what one MultiWorld's workers said: their status, and the reports that count (pure).
 - `status_writer`: the status subresource: the planner's view, a refusal, a failed step.
@@ -34,7 +36,8 @@ status subresource, Events).
 - `admission`: the validating admission webhook (an invalid spec refused at `kubectl apply`,
   named as SpecValid names it), registered when the operator serves a webhook port;
   `webhook_tls`: its server, the certificate it serves and the caBundle it keeps; `webhook_secret`:
-  that certificate, one for every replica, in a Secret the first replica makes, renewed by any.
+  that certificate, one for every replica, in a Secret the first replica makes, renewed by any;
+  `raced_secret`: the calls on such a Secret, in which a replica that loses a race is told so.
 - `status_command`: `multiworld status`, a MultiWorld as a user reads it from the kubeconfig
   (a command of the CLI, not part of the operator).
 """

@@ -31,6 +31,7 @@ from multiworld.contract import BrokenWorldReport, WorkerStatus
 from multiworld_operator.kube.api_basics import Backoff, api_message
 
 from ..channel_server import ChannelServer, Speaker
+from ..world_secrets import new_key
 from .api import KubeApi
 from .channel_settings import ChannelSettings
 from .errors import CreateRefused, MultiWorldGone, StepFailed
@@ -144,12 +145,16 @@ class Controller:
     reconcile loop while leading, and the worker channel their pods reach it by (tables out,
     statuses and reports in: a message wakes its MultiWorld's loop when it is news; a replica
     that does not lead runs no loop, so it refuses every worker, who retries: the channel's
-    Service sends workers to the leader). `metrics` reads every MultiWorld's status from it."""
+    Service sends workers to the leader). `metrics` reads every MultiWorld's status from it.
+    `world_key`: what every world's secrets derive from (world_key.py; None: a fresh one)."""
 
-    def __init__(self, api: KubeApi, metrics: OperatorMetrics, leading: bool = True) -> None:
+    def __init__(
+        self, api: KubeApi, metrics: OperatorMetrics, leading: bool = True, world_key: bytes | None = None
+    ) -> None:
         self.api = api
         self.metrics = metrics
         self.leading = leading
+        self.world_key = world_key or new_key()
         self.may_act: Callable[[], bool] = _always
         self.bodies: dict[Key, Mapping[str, Any]] = {}
         self.loops: dict[Key, ReconcileLoop] = {}
@@ -219,7 +224,9 @@ class Controller:
             loop.poke()
 
     def _loop(self, body: Mapping[str, Any]) -> ReconcileLoop:
-        reconciler = Reconciler(self.api, body, self.channel, self.metrics, self.channel_url, self.reconnect_until)
+        reconciler = Reconciler(
+            self.api, body, self.channel, self.metrics, self.channel_url, self.reconnect_until, self.world_key
+        )
         return ReconcileLoop(reconciler, self.metrics, self.may_act)
 
     async def lead(self, may_act: Callable[[], bool]) -> None:

@@ -2,8 +2,8 @@
 labelled with one (the memory's ConfigMap is not watched: memory_store.py), and wake that
 MultiWorld's reconcile loop (controller.py), which observes, plans and executes; with leader
 election (the memo's `lease`, main.py), loops run only while this replica leads (leadership.py),
-and every replica watches all the same. At start the operator begins serving the worker channel
-(channel_settings.py says where). No
+and every replica watches all the same. At start the operator reads the key of the worlds'
+secrets (world_key.py) and begins serving the worker channel (channel_settings.py says where). No
 handler writes to the API itself, so kopf keeps no state on the MultiWorld: no finalizer, no
 annotations (deleting a MultiWorld never waits for the operator).
 """
@@ -27,6 +27,7 @@ from .channel_settings import ChannelSettings
 from .controller import Controller
 from .leadership import Leadership
 from .metrics import OperatorMetrics
+from .world_key import world_key
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,11 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2 * CONCURRENCY, "kube-api"))
     lease = memo.get("lease")
     metrics = OperatorMetrics()
-    memo.controller = Controller(KubeApi(api_client(), on_error=metrics.api_error), metrics, leading=lease is None)
+    # Every world's secrets derive from one key, the same on every replica (world_key.py).
+    key = await world_key(os.environ)
+    memo.controller = Controller(
+        KubeApi(api_client(), on_error=metrics.api_error), metrics, leading=lease is None, world_key=key
+    )
     await memo.controller.start(channel)
     if memo.get("metrics_port") is not None:
         port = metrics.serve(memo.metrics_port)

@@ -9,8 +9,10 @@ deleted at once), so their replacements go out in the same step. Execution then 
 planner's order, with the memory first: the memory (the ConfigMap named like the MultiWorld:
 memory_store.py), which accounts for every delete and create below; deletes; the live table (to
 the workers' channel: each connected pod gets its own worlds' entries where they changed);
-creates; the labels of warm spares given a member pod to play (their workers learn it from the
-table); the CR's status (the view kubectl shows, written after the creates: on a MultiWorld of
+creates (the table's entries and the pods' start-up worlds carry each world's secret at its
+epoch: ../world_secrets.py, under the operator's key, world_key.py; the memory holds none); the
+labels of warm spares given a member pod to play (their workers learn it from the table); the
+CR's status (the view kubectl shows, written after the creates: on a MultiWorld of
 thousands of worlds the API server takes a moment over it: status_writer.py); Events (events.py).
 The Service and the NetworkPolicy (networking.py) are made to exist before any of it.
 A crash (or a refused write) anywhere leaves the memory stored before what it speaks of: nothing
@@ -43,6 +45,7 @@ from multiworld_operator.kube.api_basics import api_message
 from ..channel_server import ChannelServer, Speaker
 from ..planner import CreatePod, EmitEvent, MultiWorldStatus, Observation, Plan, plan
 from ..spec import MultiWorld, SpecError, parse_manifest
+from ..world_secrets import WorldSecrets, new_key
 from .api import KubeApi, gather_bounded
 from .bodies import plays_labels, pod_body, rendezvous_host, selector
 from .configmap_writer import ConfigMapWriter
@@ -82,7 +85,8 @@ class Reconciler:
     """Reconciles one MultiWorld. `body` is its latest manifest as watched. What this reconciler
     wrote (the memory, the status view) is remembered, since a watched body may lag behind our
     own writes. The table goes to the workers through `channel`, which pods reach at
-    `channel_url`; until `reconnect_until` (time.monotonic()) its workers may be reconnecting."""
+    `channel_url`; until `reconnect_until` (time.monotonic()) its workers may be reconnecting.
+    `world_key`: the operator's key, which every world's secret derives from (None: a fresh one)."""
 
     def __init__(
         self,
@@ -92,8 +96,10 @@ class Reconciler:
         metrics: OperatorMetrics,
         channel_url: str,
         reconnect_until: float = 0.0,
+        world_key: bytes | None = None,
     ) -> None:
         self.api = api
+        self.world_key = world_key or new_key()
         self.metrics = metrics
         self.reconnect_until = reconnect_until
         self.channel = channel
@@ -113,6 +119,8 @@ class Reconciler:
         self.status = StatusWriter(self.api, namespace, name, self.body.get("status"))
         self.networking = Networking(self.api, namespace, name, uid)
         self.events = MultiWorldEvents(self.api, self.body)
+        # A MultiWorld made again under this name (a new uid) shares no secret with the one before.
+        self.secrets = WorldSecrets(self.world_key, f"{namespace}/{name}/{uid}")
         self._parsed: tuple[tuple[str, int | None], MultiWorld] | None = None
 
     @property
@@ -231,7 +239,7 @@ class Reconciler:
         self.metrics.step_taken(self.key, previous, result.status)
         with failing_as("deleting pods"):
             await gather_bounded(self._delete_pod(pod, uid) for pod, uid in planned.deletes.items())
-        self.channel.publish(result.table, self.key)
+        self.channel.publish(self.secrets.table(result.table), self.key)
         with failing_as("creating pods"):
             failures = [f for f in await gather_bounded(self._create(body, c, seen) for c in result.creates) if f]
         with failing_as("labelling warm spares"):
@@ -328,7 +336,9 @@ class Reconciler:
         if create.pod in seen.present:
             return None  # created once the old instance (or an older MultiWorld's pod) is gone
         try:
-            created = await self.api.create_pod(self.namespace, pod_body(create, body, self.channel_url))
+            created = await self.api.create_pod(
+                self.namespace, pod_body(self.secrets.create(create), body, self.channel_url)
+            )
         except ApiException as error:
             if error.status is not None and error.status >= 500:
                 raise

@@ -35,7 +35,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from .api import api_client
-from .api_basics import REQUEST_TIMEOUT_S
+from .raced_secret import RacedSecret
 
 CERT_VALIDITY = timedelta(days=90)
 RENEW_EVERY = timedelta(days=30)
@@ -176,53 +176,21 @@ class CertificateSecret:
 
     def _sync(self, now: datetime, owner: client.V1OwnerReference | None) -> Certificates:
         with api_client() as api:
-            core = client.CoreV1Api(api)
+            secret = RacedSecret(client.CoreV1Api(api), self.namespace, self.name)
             for _ in range(ATTEMPTS):
-                found = self._read(core)
+                found = secret.read()
                 if found is None:
                     pair = self_signed(self.hostnames, now)
                     made = Certificates(pair, pair[0])
-                    if self._create(core, made, owner):
+                    if secret.create(made.data(), owner):
                         return made
                     continue
                 held = Certificates.from_data({key: str(value) for key, value in (found.data or {}).items()})
                 step = held.step(now)
                 if step is None:
                     return held
-                if self._update(core, found, step):
+                if secret.replace(found, step.data()):
                     return step
             raise ApiException(
                 status=409, reason=f"Secret {self.namespace}/{self.name} kept changing under this replica"
             )
-
-    def _read(self, core: client.CoreV1Api) -> client.V1Secret | None:
-        try:
-            return core.read_namespaced_secret(self.name, self.namespace, _request_timeout=REQUEST_TIMEOUT_S)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
-    def _create(self, core: client.CoreV1Api, made: Certificates, owner: client.V1OwnerReference | None) -> bool:
-        """Whether this replica made it (False: another one did first)."""
-        metadata = client.V1ObjectMeta(name=self.name, owner_references=None if owner is None else [owner])
-        body = client.V1Secret(metadata=metadata, type="Opaque", data=made.data())
-        try:
-            core.create_namespaced_secret(self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
-        except ApiException as error:
-            if error.status == 409:
-                return False
-            raise
-        return True
-
-    def _update(self, core: client.CoreV1Api, found: client.V1Secret, step: Certificates) -> bool:
-        """Whether the step was written over `found`, at its resourceVersion (False: another
-        replica wrote first)."""
-        body = client.V1Secret(metadata=found.metadata, type="Opaque", data=step.data())
-        try:
-            core.replace_namespaced_secret(self.name, self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
-        except ApiException as error:
-            if error.status == 409:
-                return False
-            raise
-        return True
