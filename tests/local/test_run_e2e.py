@@ -14,11 +14,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 import yaml
@@ -334,6 +335,31 @@ def test_a_bad_suspend_flag_names_it(tmp_path):
     assert result.returncode != 0 and "--suspend '4': expected AFTER:FOR" in result.stderr, result.stderr
 
 
+class Lines:
+    """A running process's stream, read on a thread: what it said so far, and a wait for a line."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._lines: list[str] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self._cond:
+                self._lines.append(line)
+                self._cond.notify_all()
+
+    def text(self) -> str:
+        with self._cond:
+            return "".join(self._lines)
+
+    def wait_for(self, pattern: str, timeout: float) -> None:
+        """Until a line matches `pattern` (a regular expression)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: any(re.search(pattern, line) for line in self._lines), timeout):
+                raise AssertionError(f"no line matching {pattern!r} within {timeout} s:\n{''.join(self._lines)}")
+
+
 def test_an_edited_template_rolls_out_pod_by_pod_while_the_run_goes_on(tmp_path):
     """The manifest file edited during the run (w1's template gets an environment variable):
     the w1 pods are replaced one at a time by pods of the new template, each costing world1 one
@@ -341,26 +367,27 @@ def test_an_edited_template_rolls_out_pod_by_pod_while_the_run_goes_on(tmp_path)
     and changes nothing."""
     path = manifest(tmp_path, **SEED)
     runner = subprocess.Popen(
-        [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
-         "--log-dir", str(tmp_path / "logs"), "--duration", "60"],
+        [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json",
+         "--log-dir", str(tmp_path / "logs"), "--duration", "120"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
+    assert runner.stderr is not None
+    said = Lines(runner.stderr)
     try:
-        leader = tmp_path / "logs" / f"{run_name(tmp_path)}-leader-0.log"
-        deadline = time.monotonic() + 90
-        while not (leader.is_file() and "from world1 has gathered tensors" in leader.read_text()):
-            assert time.monotonic() < deadline and runner.poll() is None, "the worlds never ran"
-            time.sleep(0.5)
+        said.wait_for(r"world1: Running epoch=1 ", RUN_TIMEOUT / 3)
         doc = yaml.safe_load(path.read_text())
         path.write_text(yaml.safe_dump({**doc, "spec": {**doc["spec"], "worlds": []}}))  # invalid: refused
-        time.sleep(2)
+        said.wait_for("manifest edit refused: ", RUN_TIMEOUT / 3)
         w1 = next(m for m in doc["spec"]["members"] if m["name"] == "w1")
         w1["template"] = json.loads(json.dumps(doc["spec"]["template"]))
         w1["template"]["spec"]["containers"][0]["env"] = [{"name": "ROLLOUT", "value": "2"}]
         path.write_text(yaml.safe_dump(doc))
-        out, err = runner.communicate(timeout=RUN_TIMEOUT)
+        said.wait_for(r"world1: Running epoch=3 ", RUN_TIMEOUT / 3)  # both pods replaced, world1 back
+        runner.send_signal(signal.SIGINT)
+        out, _ = runner.communicate(timeout=RUN_TIMEOUT)
     finally:
         runner.kill()
+    err = said.text()
     summary = json.loads(out.strip().splitlines()[-1])
     assert "manifest edit refused: " in err and "spec.worlds" in err, err
     assert err.count("PodUpdated") == 2 and err.count("manifest edited: applying it") == 1, err
@@ -395,10 +422,12 @@ def test_every_process_of_a_run_serves_its_metrics_on_its_own_port(tmp_path):
     doc["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "MULTIWORLD_METRICS_PORT", "value": str(base)}]
     path.write_text(yaml.safe_dump(doc))
     runner = subprocess.Popen(
-        [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
+        [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json",
          "--log-dir", str(tmp_path / "logs"), "--kill", "w1:1", "--after", "5"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
+    assert runner.stderr is not None
+    said = Lines(runner.stderr)
 
     def scrape(port: int) -> bytes | None:
         with contextlib.suppress(OSError):
@@ -420,11 +449,12 @@ def test_every_process_of_a_run_serves_its_metrics_on_its_own_port(tmp_path):
                 break
             time.sleep(0.5)
         again = scrape(w1_1)
-        time.sleep(2)  # the runner hears the joins and shows world1 Running at epoch 2
+        said.wait_for(r"world1: Running epoch=2 ", RUN_TIMEOUT / 2)  # the runner heard the joins
         runner.send_signal(signal.SIGINT)  # what it came for is seen: Ctrl-C ends the run
-        out, err = runner.communicate(timeout=RUN_TIMEOUT)
+        out, _ = runner.communicate(timeout=RUN_TIMEOUT)
     finally:
         runner.kill()
+    err = said.text()
     said = re.findall(r"pod \S+-(\S+-\d+) serves its metrics on port (\d+)", err)
     assert sorted(said) == sorted((pod, str(port)) for pod, port in zip(POD_NAMES, ports, strict=True)), err
     assert sorted(scraped) == list(ports) and all(b"multiworld_worker_joins_total" in b for b in scraped.values()), err
