@@ -372,22 +372,22 @@ def test_an_edited_template_rolls_out_pod_by_pod_while_the_run_goes_on(tmp_path)
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     assert runner.stderr is not None
-    said = Lines(runner.stderr)
+    heard = Lines(runner.stderr)
     try:
-        said.wait_for(r"world1: Running epoch=1 ", RUN_TIMEOUT / 3)
+        heard.wait_for(r"world1: Running epoch=1 ", RUN_TIMEOUT / 3)
         doc = yaml.safe_load(path.read_text())
         path.write_text(yaml.safe_dump({**doc, "spec": {**doc["spec"], "worlds": []}}))  # invalid: refused
-        said.wait_for("manifest edit refused: ", RUN_TIMEOUT / 3)
+        heard.wait_for("manifest edit refused: ", RUN_TIMEOUT / 3)
         w1 = next(m for m in doc["spec"]["members"] if m["name"] == "w1")
         w1["template"] = json.loads(json.dumps(doc["spec"]["template"]))
         w1["template"]["spec"]["containers"][0]["env"] = [{"name": "ROLLOUT", "value": "2"}]
         path.write_text(yaml.safe_dump(doc))
-        said.wait_for(r"world1: Running epoch=3 ", RUN_TIMEOUT / 3)  # both pods replaced, world1 back
+        heard.wait_for(r"world1: Running epoch=3 ", RUN_TIMEOUT / 3)  # both pods replaced, world1 back
         runner.send_signal(signal.SIGINT)
         out, _ = runner.communicate(timeout=RUN_TIMEOUT)
     finally:
         runner.kill()
-    err = said.text()
+    err = heard.text()
     summary = json.loads(out.strip().splitlines()[-1])
     assert "manifest edit refused: " in err and "spec.worlds" in err, err
     assert err.count("PodUpdated") == 2 and err.count("manifest edited: applying it") == 1, err
@@ -427,7 +427,7 @@ def test_every_process_of_a_run_serves_its_metrics_on_its_own_port(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     assert runner.stderr is not None
-    said = Lines(runner.stderr)
+    heard = Lines(runner.stderr)
 
     def scrape(port: int) -> bytes | None:
         with contextlib.suppress(OSError):
@@ -449,12 +449,12 @@ def test_every_process_of_a_run_serves_its_metrics_on_its_own_port(tmp_path):
                 break
             time.sleep(0.5)
         again = scrape(w1_1)
-        said.wait_for(r"world1: Running epoch=2 ", RUN_TIMEOUT / 2)  # the runner heard the joins
+        heard.wait_for(r"world1: Running epoch=2 ", RUN_TIMEOUT / 2)  # the runner heard the joins
         runner.send_signal(signal.SIGINT)  # what it came for is seen: Ctrl-C ends the run
         out, _ = runner.communicate(timeout=RUN_TIMEOUT)
     finally:
         runner.kill()
-    err = said.text()
+    err = heard.text()
     said = re.findall(r"pod \S+-(\S+-\d+) serves its metrics on port (\d+)", err)
     assert sorted(said) == sorted((pod, str(port)) for pod, port in zip(POD_NAMES, ports, strict=True)), err
     assert sorted(scraped) == list(ports) and all(b"multiworld_worker_joins_total" in b for b in scraped.values()), err
