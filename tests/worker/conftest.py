@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from worker_support import Member, TableServer
+
+# How much of each member's output a failed test shows.
+STDERR_TAIL = 3000
+EVENTS_TAIL = 10
 
 
 @pytest.fixture
@@ -24,6 +29,11 @@ def spawn() -> Iterator[Callable[..., Member]]:
     yield start
     for member in started:
         member.kill()
+    # Shown by pytest only when the test failed: what every member said, not only the one that
+    # raised (a peer's verdict explains a member's failure).
+    for member in started:
+        said = [event for event in member.events if event["event"] != "step"][-EVENTS_TAIL:]
+        print(f"--- member {member.name}: {said}\n{member.stderr()[-STDERR_TAIL:]}", file=sys.stderr)
 
 
 @pytest.fixture
