@@ -35,10 +35,9 @@ test-quick: $(STAMP)
 # Linters and the type checker, as configured in pyproject.toml (also .pre-commit-config.yaml).
 # mypy runs once per group of folders that can share a run (pytest puts each test folder on
 # sys.path, so tests and benches import their support modules by bare names, and three
-# conftest.py files, two node.py files and bench/operator.py, which would stand in for the
-# standard library's `operator`, cannot all be one module each in one run): the packages and
-# most tests (`mypy` alone, see [tool.mypy]); bench/ (its own cache: the `operator` module
-# differs); tests/kube with tests/cluster; tests/chart.
+# conftest.py files cannot all be one module each in one run): the packages and most tests
+# (`mypy` alone, see [tool.mypy]); bench/ (its own cache, bench/ on MYPYPATH); tests/kube with
+# tests/cluster; tests/chart.
 CHECKED := worker operator bench tests
 LINT := $(VENV)/bin/ruff check $(CHECKED) && $(VENV)/bin/ruff format --check $(CHECKED)
 MYPY := $(VENV)/bin/mypy

@@ -3,7 +3,7 @@ may be in must react as fast as one of 2, and what a failure costs everyone else
 with the worlds; and the largest spec the caps admit must plan in time and memory, and fit what
 is written for it in its objects.
 
-The scene is bench/operator.py's: its own control plane, the chart installed for real, the
+The scene is bench/operator_failures.py's: its own control plane, the chart installed for real, the
 operator as a process of its own, and a stand-in kubelet that marks each new pod Running
 _kubelet_stand_in.START_S after it appears and fails pods on request, through their status.
 

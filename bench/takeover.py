@@ -2,7 +2,7 @@
 takes to lead when the leader stops gracefully (SIGTERM: it releases the Lease) and when it is
 killed (SIGKILL: the Lease must lapse), and how fast the new leader's first reaction is.
 
-The scene is bench/operator.py's (bench/_operator_scene.py): its own control plane, the chart
+The scene is bench/operator_failures.py's (bench/_operator_scene.py): its own control plane, the chart
 installed for real (CRD, RBAC, the leader-election Role), a stand-in kubelet, and a star
 MultiWorld of WORLDS worlds; the replicas are `multiworld operator --leader-election` processes
 with the chart's ServiceAccount (tests/kube/operator_support.py's OperatorReplica), on the Lease

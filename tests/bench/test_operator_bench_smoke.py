@@ -1,4 +1,4 @@
-"""bench/operator.py, bench/scale.py, bench/takeover.py and bench/attacks.py run end to end (--quick) against
+"""bench/operator_failures.py, bench/scale.py, bench/takeover.py and bench/attacks.py run end to end (--quick) against
 their own API server and report their figures in the documented JSON shape. Their speed targets
 are the benches' business: no timing is asserted here."""
 
@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.kube
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "operator.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "operator_failures.py"
 # A control plane, the chart, and MultiWorlds of up to 128 worlds on two shared cores.
 RUN_S = 900
 

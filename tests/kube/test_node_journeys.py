@@ -401,11 +401,11 @@ def test_operator_deleted_mid_recovery_converges(
 
 @pytest.mark.timeout(BENCH_RUN_S + 60)
 def test_node_bench_reports_recovery_and_its_breakdown(kube_node: Cluster) -> None:
-    """bench/node.py --quick on this node: every figure of its documented JSON shape, and the
+    """bench/node_recovery.py --quick on this node: every figure of its documented JSON shape, and the
     pods each kill cost: 1 under `replace: Pod` (a new pod, or the one warm spare), 2 under
     `replace: World` on all_gather's world1 (its two w1 pods), N-1 for world1 of N. Its times
     are the bench's business: no speed is asserted here."""
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "node.py"), "--quick", "--json",
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "node_recovery.py"), "--quick", "--json",
                              "--cluster", str(kube_node.directory)],
                             capture_output=True, text=True, timeout=BENCH_RUN_S, check=False)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
