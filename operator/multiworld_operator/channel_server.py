@@ -126,6 +126,8 @@ class ChannelServer:
         self._authenticate = authenticate
         self._tables: dict[Hashable, WorldTable] = {}
         self._writers: dict[tuple[Hashable, str], asyncio.StreamWriter] = {}
+        # Per pod: the instance (uid) whose connection is in `_writers`.
+        self._uids: dict[tuple[Hashable, str], str] = {}
         # Per pod: the entries last sent to it.
         self._sent: dict[tuple[Hashable, str], WorldTable] = {}
         self._server: asyncio.Server | None = None
@@ -155,9 +157,18 @@ class ChannelServer:
     def forget(self, group: Hashable) -> None:
         """The group is gone (its MultiWorld deleted): close its connections, drop its table."""
         self._tables.pop(group, None)
+        self.keep_only(group, lambda pod, uid: False)
+
+    def keep_only(self, group: Hashable, current: Callable[[str, str], bool]) -> None:
+        """Close each connection of `group` whose instance, `current(pod, uid)` says, is no longer
+        its pod's (deleted, being deleted, replaced). A table is sent by pod name: without this,
+        such an instance would get the entries of the pod's next instance, and with them each
+        world's secret at an epoch it holds no rank in (multiworld_operator.world_secrets)."""
         for key in [key for key in self._writers if key[0] == group]:
-            self._writers.pop(key).close()
-            self._sent.pop(key, None)
+            if not current(key[1], self._uids.get(key, "")):
+                self._writers.pop(key).close()
+                self._sent.pop(key, None)
+                self._uids.pop(key, None)
 
     def _send(self, group: Hashable, pod: str, writer: asyncio.StreamWriter) -> None:
         table = self._tables.get(group)
@@ -222,6 +233,7 @@ class ChannelServer:
         finally:
             if speaker is not None and self._writers.get((speaker.group, speaker.pod)) is writer:
                 del self._writers[(speaker.group, speaker.pod)]
+                self._uids.pop((speaker.group, speaker.pod), None)
             writer.close()
 
     async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Speaker | None:
@@ -247,6 +259,7 @@ class ChannelServer:
         if previous is not None and previous is not writer:
             previous.close()  # the pod's older connection (a process that restarted, say)
         self._writers[key] = writer
+        self._uids[key] = speaker.uid
         self._sent.pop(key, None)  # a new process of that pod: it knows nothing yet
         self._send(speaker.group, speaker.pod, writer)
         return speaker

@@ -138,7 +138,14 @@ def test_channel_follows_the_table_and_reaches_the_operator(chart_scene: ChartSc
         leader.status(WorkerStatus(pod=LEADER, joined={"wa": 2, "wb": 2}))
         kube.wait_running(epochs={"wa": 2, "wb": 2})
         assert kube.uids()[LEADER] == before[LEADER]
-        assert until(bystander, {"wb": 2}).worlds[0].epoch == 2  # its own world's bump reaches it
+        # mw-b-0, the culprit, was replaced: its old instance, still connected, gets no later table,
+        # and so no world's secret at an epoch it holds no rank in (issue 32, finding 5).
+        assert kube.uids()["mw-b-0"] != before["mw-b-0"]
+        assert [epochs(t) for t in bystander.tables if epochs(t) != {"wb": 1}] == []
+        # Its world's bump reaches the pod's new instance.
+        (tmp_path / "successor").mkdir()  # its own token file: the old link reads its own
+        with WorkerLink(kube.core, kube.namespace, "mw-b-0", tmp_path / "successor") as successor:
+            assert until(successor, {"wb": 2}).worlds[0].secret
     assert refused_events(kube) == []
 
 

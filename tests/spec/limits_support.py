@@ -58,6 +58,7 @@ from multiworld_operator.spec.limits import (
     PORT_SPAN,
 )
 from multiworld_operator.spec.names import MAX_LABEL, SPARE_SERIAL_ROOM
+from multiworld_operator.world_secrets import KEY_BYTES, WorldSecrets
 
 REPO = Path(__file__).resolve().parents[2]
 M = TypeVar("M")
@@ -101,6 +102,10 @@ def longest_names(prefix: str, count: int, length: int = MAX_LABEL) -> list[str]
     return [f"{prefix}{i:0{width}d}".ljust(length, "x") for i in range(count)]
 
 
+# Every world's secret at its epoch, as the operator puts it in a pod's env (world_secrets.py).
+SECRETS = WorldSecrets(bytes(KEY_BYTES), "ns/mw/uid")
+
+
 # -- one pod in many worlds ------------------------------------------------------------------
 
 
@@ -127,7 +132,7 @@ def pod_of(worlds: int) -> dict[str, Any]:
         worlds=assignments,
         template=_TEMPLATE,
     )
-    return pod_body(create, OWNER, CHANNEL_URL)
+    return pod_body(SECRETS.create(create), OWNER, CHANNEL_URL)
 
 
 def env_string(worlds: int) -> bytes:
@@ -374,7 +379,7 @@ def measure_largest(manifest: dict[str, Any] | None = None) -> Largest:
         memory_configmap_data_bytes=sum(len(v) for v in memory["binaryData"].values()),
         memory_bytes=len(raw),
         memory_values=json_values(raw),
-        env_string_bytes=len(worlds_env(pod_body(hub_create, data, CHANNEL_URL))),
+        env_string_bytes=len(worlds_env(pod_body(SECRETS.create(hub_create), data, CHANNEL_URL))),
         annotations_bytes=annotations_bytes(pod_annotations(len(multiworld.worlds_of_pod(hub)))),
         worker_line_bytes=worker_line(len(multiworld.worlds_of_pod(hub))),
     )

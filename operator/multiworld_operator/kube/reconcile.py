@@ -239,6 +239,8 @@ class Reconciler:
         self.metrics.step_taken(self.key, previous, result.status)
         with failing_as("deleting pods"):
             await gather_bounded(self._delete_pod(pod, uid) for pod, uid in planned.deletes.items())
+        # An instance no longer its pod's gets no later table (and no world's later secret).
+        self.channel.keep_only(self.key, self.pods.ours)
         self.channel.publish(self.secrets.table(result.table), self.key)
         with failing_as("creating pods"):
             failures = [f for f in await gather_bounded(self._create(body, c, seen) for c in result.creates) if f]
