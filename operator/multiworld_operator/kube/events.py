@@ -1,18 +1,29 @@
 """The Events posted on one MultiWorld: best effort (a lost one must not stop the reconcile),
-and a refusal that recurs at every retried step posted once."""
+a refusal that recurs at every retried step posted once, and at most so many in all (a
+workload that fails again and again must not fill etcd with Events): past the budget they are
+counted, and the next one the budget allows is preceded by one that says what was held back."""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
 from multiworld_operator.kube.api_basics import api_message
 
+from ..channel_server import Budgets
 from .api import KubeApi
 
 log = logging.getLogger(__name__)
+
+# Events one MultiWorld may post: a burst, then one every EVENT_REFILL_S (client-go's recorder
+# allows an object 25 at once, then one per 5 minutes; a failure here is news sooner).
+EVENT_BURST = 50
+EVENT_REFILL_S = 30.0
+SUPPRESSED = "EventsSuppressed"
 
 
 class MultiWorldEvents:
@@ -21,8 +32,29 @@ class MultiWorldEvents:
         self.multiworld = multiworld  # its metadata names the object the Events are about
         # Warnings posted once, so a retried step does not repeat them.
         self._posted_once: set[str] = set()
+        self._budget = Budgets(EVENT_BURST, 1 / EVENT_REFILL_S)
+        # Events held back since the last one posted, by reason, and since when.
+        self._held: Counter[str] = Counter()
+        self._held_since = 0.0
 
     async def post(self, type_: str, reason: str, message: str) -> None:
+        if not self._budget.take(()):
+            if not self._held:
+                self._held_since = time.monotonic()
+            self._held[reason] += 1
+            return
+        if self._held:
+            held = ", ".join(f"{count} {reason}" for reason, count in self._held.most_common())
+            self._held.clear()
+            await self._post(
+                "Warning",
+                SUPPRESSED,
+                f"{held} not posted in the last {time.monotonic() - self._held_since:.0f} s: a MultiWorld "
+                f"posts {EVENT_BURST} Events at once, then one every {EVENT_REFILL_S:.0f} s",
+            )
+        await self._post(type_, reason, message)
+
+    async def _post(self, type_: str, reason: str, message: str) -> None:
         try:
             await self.api.post_event(self.multiworld, type_, reason, message)
         except ApiException as error:
