@@ -33,18 +33,13 @@ test-quick: $(STAMP)
 	@started=$$(date +%s) && $(PY) -m pytest -q -m "quick and not slow" tests && $(call took,test-quick)
 
 # Linters and the type checker, as configured in pyproject.toml (also .pre-commit-config.yaml).
-# mypy runs once per group of folders that can share a run (pytest puts each test folder on
-# sys.path, so tests and benches import their support modules by bare names, and three
-# conftest.py files cannot all be one module each in one run): the packages and most tests
-# (`mypy` alone, see [tool.mypy]); bench/ (its own cache, bench/ on MYPYPATH); tests/kube with
-# tests/cluster; tests/chart.
+# One mypy run covers worker/, operator/, bench/ and tests/ (see [tool.mypy]): tests/ and bench/
+# are packages named from the repository root, so every module of the tree has a name of its own.
 CHECKED := worker operator bench tests
 LINT := $(VENV)/bin/ruff check $(CHECKED) && $(VENV)/bin/ruff format --check $(CHECKED)
-MYPY := $(VENV)/bin/mypy
-TYPECHECK := $(MYPY) && MYPYPATH=bench $(MYPY) --cache-dir .mypy_cache/bench bench && \
-  MYPYPATH=tests/kube:tests/cluster $(MYPY) tests/kube tests/cluster && MYPYPATH=tests/chart $(MYPY) tests/chart
+TYPECHECK := $(VENV)/bin/mypy
 # No import cycle among the packages' modules, lazy and type-hint imports included.
-IMPORTS := PYTHONPATH=tests $(PY) -m harness.import_graph worker/multiworld operator/multiworld_operator
+IMPORTS := $(PY) -m tests.support.import_graph worker/multiworld operator/multiworld_operator
 check: $(STAMP)
 	@started=$$(date +%s) && $(LINT) && $(TYPECHECK) && $(IMPORTS) && $(call took,check)
 
@@ -55,8 +50,10 @@ lint:
 typecheck:
 	@$(TYPECHECK)
 
+# Each bench as a module from the repository root (`python -m bench.NAME`), where it finds tests.support.
 bench: $(STAMP)
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in $(filter-out bench/__init__.py,$(wildcard bench/*.py)); do m=bench.$$(basename $$b .py); \
+	  echo "== $$m"; $(PY) -m $$m || exit 1; done
 
 crd: $(STAMP)
 	$(VENV)/bin/multiworld crd > crds/multiworld.io_multiworlds.yaml
@@ -79,28 +76,28 @@ packages:
 # kubelet, kube-proxy, kubectl): built once, cached in ~/.cache/multiworld/ (9-15 minutes on 2
 # cores when cold).
 kube-binaries: packages
-	@started=$$(date +%s) && $(PYTHON) tests/cluster/cluster.py binaries >/dev/null && $(call took,kube-binaries)
+	@started=$$(date +%s) && $(PYTHON) -m tests.cluster.cluster binaries >/dev/null && $(call took,kube-binaries)
 
 # The operator and worker images (multiworld/{operator,worker}:dev), built from the Dockerfile with
 # a private dockerd and cached in ~/.cache/multiworld/images/ (root; a few minutes when cold),
 # then loaded into the running `make cluster` node's containerd, if there is one.
 IMAGES_CONTAINERD := .cluster/node/containerd/containerd.sock
 images: packages kube-binaries
-	@started=$$(date +%s) && $(PYTHON) tests/cluster/images.py build >/dev/null && $(call took,images)
-	@if [ -S $(IMAGES_CONTAINERD) ]; then $(PYTHON) tests/cluster/images.py load --address $(IMAGES_CONTAINERD); \
+	@started=$$(date +%s) && $(PYTHON) -m tests.cluster.images build >/dev/null && $(call took,images)
+	@if [ -S $(IMAGES_CONTAINERD) ]; then $(PYTHON) -m tests.cluster.images load --address $(IMAGES_CONTAINERD); \
 	else echo "images built and cached; \`make cluster\` loads them into its node"; fi
 
 # A local cluster in .cluster/ for trying it: eval "$$(make -s cluster)". One real node (kubelet,
 # containerd, pod network, cluster DNS) with our images loaded; NODES=0: the control plane alone.
 NODES ?= 1
 cluster: kube-binaries
-	@$(PYTHON) tests/cluster/cluster.py up --nodes $(NODES)
-	@if [ "$(NODES)" != 0 ]; then $(PYTHON) tests/cluster/images.py load --address $(IMAGES_CONTAINERD) >&2; fi
+	@$(PYTHON) -m tests.cluster.cluster up --nodes $(NODES)
+	@if [ "$(NODES)" != 0 ]; then $(PYTHON) -m tests.cluster.images load --address $(IMAGES_CONTAINERD) >&2; fi
 
 cluster-down:
-	@$(PYTHON) tests/cluster/cluster.py down
+	@$(PYTHON) -m tests.cluster.cluster down
 
 # The chart with real Helm (helm-python-sdk) into the `make cluster` node: the operator image as
 # its Deployment, workers' ServiceAccount in `default`. Then: kubectl apply -f examples/...
 operator: $(STAMP)
-	@$(PY) tests/cluster/operator_release.py --kubeconfig .cluster/kubeconfig
+	@$(PY) -m tests.cluster.operator_release --kubeconfig .cluster/kubeconfig

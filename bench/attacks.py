@@ -2,7 +2,7 @@
 failed pod is replaced, with no attack (the baseline) and under each attack.
 
 A control plane, the chart, `multiworld operator` as the chart's ServiceAccount and a stand-in
-kubelet (bench/_operator_scene.py); "other", a star of --worlds worlds, is failed --failures
+kubelet (tests/support/operator_scene.py); "other", a star of --worlds worlds, is failed --failures
 times per phase (react: its pod marked Failed -> the replacement exists at the new epoch), while
 a tenant's MultiWorld "mine" of two worlds is the attacker's own. The phases, in this order:
   baseline      no attack
@@ -29,14 +29,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import _common as common
-from _operator_scene import Scene, fail_and_recover, scene, start, wait_for
-from spec import limits_support as limits
-
 from multiworld.contract import ChannelMessage, Hello
 from multiworld_operator.channel_server import MAX_LINE
 from multiworld_operator.kube.channel_settings import DEFAULT_PORT
 from multiworld_operator.kube.planner_memory import MEMORY_KEY
+from tests.support import bench_common as common, limits_support as limits
+from tests.support.operator_scene import Scene, fail_and_recover, scene, start, wait_for
 
 PHASES = ("baseline", "channel_junk", "memory")
 # The other MultiWorld's failures may take this many times their baseline under an attack.

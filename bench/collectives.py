@@ -26,10 +26,9 @@ import argparse
 import statistics
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-import _common as common
+from tests.support import bench_common as common
 
 OPS = ("all_reduce", "all_reduce_async", "all_gather", "broadcast", "send_recv")
 # A raw all_reduce on the World's communicator against one on a ProcessGroupGloo built by hand.
@@ -383,7 +382,7 @@ def render(cells: list[dict[str, Any]]) -> str:
 def coordinate(args: Any) -> int:
     load = common.machine_load()
     lib_port, own_port = common.free_ports(2)
-    script = Path(__file__).resolve()
+    script = common.program(__file__)
     flags = ["--ports", f"{lib_port},{own_port}", "--budget", str(args.budget), "--min-rounds", str(args.min_rounds),
              "--sizes", ",".join(map(str, args.sizes)), "--ops", ",".join(args.ops)]  # fmt: skip
     wait = 120.0 + sum((len(args.ops) + 2) * (cell_budget(size, args.budget) * 3 + 10) for size in args.sizes)

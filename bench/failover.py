@@ -29,10 +29,9 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import _common as common
+from tests.support import bench_common as common
 
 SCENARIOS = ("crash_busy", "crash_idle", "frozen", "store_host")
 # (survivor rank, busy, signal) per scenario; the victim holds the other rank of two.
@@ -263,7 +262,7 @@ def kill_all(pids: list[int]) -> None:
 
 def coordinate(args: Any) -> int:
     load = common.machine_load()
-    script = Path(__file__).resolve()
+    script = common.program(__file__)
     (other_port,) = common.free_ports(1)
     trials: list[Trial] = []
     victims: list[int] = []

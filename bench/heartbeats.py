@@ -36,10 +36,9 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import _common as common
+from tests.support import bench_common as common
 
 SETTLE_S = 2.0
 POLL_S = 0.002
@@ -217,7 +216,7 @@ class JoinsFailed(RuntimeError):
     pass
 
 
-def run_pair(script: Path, worlds: int, frozen: str, idle_s: float) -> PairTrial:
+def run_pair(script: list[str], worlds: int, frozen: str, idle_s: float) -> PairTrial:
     """One trial; a pair whose joins fail (on a busy machine a store's client can wait out its
     timeout on a name lookup) is formed again, up to JOIN_ATTEMPTS times."""
     for attempt in range(1, JOIN_ATTEMPTS + 1):
@@ -230,7 +229,7 @@ def run_pair(script: Path, worlds: int, frozen: str, idle_s: float) -> PairTrial
     raise AssertionError("unreachable")
 
 
-def pair_trial(script: Path, worlds: int, frozen: str, idle_s: float) -> PairTrial:
+def pair_trial(script: list[str], worlds: int, frozen: str, idle_s: float) -> PairTrial:
     ports = common.free_ports(worlds)
     with common.Members(script) as started:
         members = {role: started.start(role, ["--member", "pair"]) for role in ("host", "member")}
@@ -255,7 +254,7 @@ def pair_trial(script: Path, worlds: int, frozen: str, idle_s: float) -> PairTri
     return PairTrial(worlds, frozen, idle, seen["at"] - signalled, seen["reasons"])
 
 
-def count_requests(script: Path, ranks: list[int], window_s: float) -> dict[int, dict[str, dict[str, float]]]:
+def count_requests(script: list[str], ranks: list[int], window_s: float) -> dict[int, dict[str, dict[str, float]]]:
     counted: dict[int, dict[str, dict[str, float]]] = {}
     with common.Members(script) as started:
         member = started.start("counter", ["--member", "counter"])
@@ -268,7 +267,7 @@ def count_requests(script: Path, ranks: list[int], window_s: float) -> dict[int,
 
 def coordinate(args: Any) -> int:
     load = common.machine_load()
-    script = Path(__file__).resolve()
+    script = common.program(__file__)
     requests = count_requests(script, args.ranks, args.window_s) if args.ranks else {}
     trials = [
         run_pair(script, k, frozen, args.idle_s) for k in args.worlds for frozen in FROZEN for _ in range(args.trials)

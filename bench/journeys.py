@@ -2,7 +2,7 @@
 ranges (2-6 members, 2-5 worlds, members in up to 3 worlds, replicas 1-3, warm spares; chains,
 rings, stars, worlds sharing several members) with up to 3 faults each (kills, freezes, a warm
 spare killed, a member's template edited, a suspend), runs each with `multiworld run` and checks
-the invariants of tests/harness/journey.py (a failure is shrunk, and names its topology and
+the invariants of tests/support/journey.py (a failure is shrunk, and names its topology and
 faults).
 
 Figures per example: how long the worlds took to form at the start (the baseline: process
@@ -10,7 +10,7 @@ starts and joins, the same work a recovery does) and how long after the last fau
 was Running with every rank and the rollout done. Target: the slowest settle within a tenth of
 failurePolicy.joinTimeout (300 s), so that no wait the product causes comes near it.
 
-    python bench/journeys.py [--examples N] [--seed S] [--quick] [--json]
+    python -m bench.journeys [--examples N] [--seed S] [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import Spread, Target, fmt_s, json_line, machine_load, parser, report, table
-from harness.journey import Journey, faults, topologies
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
+
+from tests.support.bench_common import Spread, Target, fmt_s, json_line, machine_load, parser, report, table
+from tests.support.journey import Journey, faults, topologies
 
 JOIN_TIMEOUT_S = 300.0
 

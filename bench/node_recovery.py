@@ -69,20 +69,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import _common as common
 import yaml
-from harness import kube
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from multiworld.contract import WorldEntry
 from multiworld_operator.kube.planner_memory import read_memory
+from tests.cluster import cluster as cluster_module, images
+from tests.support import bench_common as common, node_support as support
 
 T = TypeVar("T")
-
-
-cluster_module, images = kube.cluster_modules()
-support = kube.kube_support("node_support")
 
 STAGES = ("operator", "schedule", "container_start", "ready")
 INTERVAL_S = 0.5

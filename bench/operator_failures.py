@@ -5,7 +5,7 @@ The bench starts its own control plane (etcd, kube-apiserver, kube-controller-ma
 tests/cluster/cluster.py) in a temp dir, installs the chart (CRD and RBAC, cluster-wide), and
 runs the operator (`multiworld operator --namespace NS`) as a process of its own, with the
 chart's ServiceAccount token (`--as admin`: the cluster admin's). There is no kubelet: a
-stand-in in this process watches the pods, marks each new one Running _kubelet_stand_in.START_S after it
+stand-in in this process watches the pods, marks each new one Running kubelet_stand_in.START_S after it
 appears, and marks a pod Failed on request, both by status patches as a kubelet would; it counts
 its own writes.
 
@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import _common as common
-from _apiserver_requests import Kind, Writes, label, scrape
-from _kubelet_stand_in import DESCRIBED
-from _operator_scene import Scene, fail_and_recover, scene, start, wait_for
 from kubernetes import client
+
+from tests.support import bench_common as common
+from tests.support.apiserver_requests import Kind, Writes, label, scrape
+from tests.support.kubelet_stand_in import DESCRIBED
+from tests.support.operator_scene import Scene, fail_and_recover, scene, start, wait_for
 
 WORLD_COUNTS = (2, 16, 128)
 REACT_WORLDS = 2

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import _common as common
+from tests.support import bench_common as common
 
 SEED_MANIFEST = common.REPO / "examples" / "all_gather" / "multiworld.yaml"
 NAME = "bench-recovery"
@@ -198,7 +198,7 @@ def write_manifest(path: Path, interval: float, kills: int) -> None:
             world["failurePolicy"] = {"maxRestarts": kills + 1, "backoff": {"initialDelay": "0s"}}
     container = doc["spec"]["template"]["spec"]["containers"][0]
     script = next(a for a in container["command"] if a.endswith(".py"))
-    container["command"] = ["python", str(Path(__file__).resolve().relative_to(common.REPO)), LAUNCH, script]
+    container["command"] = ["python", *common.program(__file__), LAUNCH, script]
     container["args"] = ["--steps", "1000000", "--interval", str(interval)]
     path.write_text(yaml.safe_dump(doc))
 

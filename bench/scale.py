@@ -5,7 +5,7 @@ is written for it in its objects.
 
 The scene is bench/operator_failures.py's: its own control plane, the chart installed for real, the
 operator as a process of its own, and a stand-in kubelet that marks each new pod Running
-_kubelet_stand_in.START_S after it appears and fails pods on request, through their status.
+kubelet_stand_in.START_S after it appears and fails pods on request, through their status.
 
 MultiWorlds are stars: a leader (router) in every world w<i>, and one exclusive pod m<i>-0 per
 world; the largest is LARGEST_STAR worlds (the leader is in every one: spec/limits.py's
@@ -26,7 +26,7 @@ MAX_WORLDS_PER_POD). Per size (worlds):
 - object_kib at OBJECT_WORLDS worlds: created and run once with the default failure policy,
   for its size (and its parts: spec, status, managedFields) only.
 - largest accepted spec (alone with --largest: no API server): the spec at every cap of spec/limits.py
-  at once, names of 63 characters (tests/spec/limits_support.py: the real planner, pod bodies
+  at once, names of 63 characters (tests/support/limits_support.py: the real planner, pod bodies
   and worker annotations), planned in this process as the operator plans it.
   - plan_first: one plan() call on the first observation (nothing exists yet); plan_failure:
     one plan() call on the observation in which the pod in most worlds failed, once every pod
@@ -54,16 +54,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import _common as common
-from _kubelet_stand_in import DESCRIBED
-from _operator_scene import GROUP, PLURAL, VERSION, Scene, fail_and_recover, scene, start, wait_for
-from harness.worker_link import WorkerLink
 from kubernetes import client
-from spec import limits_support as limits
 
 from multiworld.contract import NAME_LABEL
 from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
 from multiworld_operator.spec.limits import MAX_WORLDS, MAX_WORLDS_PER_POD
+from tests.support import bench_common as common, limits_support as limits
+from tests.support.kubelet_stand_in import DESCRIBED
+from tests.support.operator_scene import GROUP, PLURAL, VERSION, Scene, fail_and_recover, scene, start, wait_for
+from tests.support.worker_link import WorkerLink
 
 # How long the worker link waits for its first table.
 TABLE_WAIT_S = 60.0

@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _common as common
+from tests.support import bench_common as common
 
 MANIFEST = common.REPO / "examples" / "serving" / "multiworld.yaml"
 NAME = "bench-serving"

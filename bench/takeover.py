@@ -2,10 +2,10 @@
 takes to lead when the leader stops gracefully (SIGTERM: it releases the Lease) and when it is
 killed (SIGKILL: the Lease must lapse), and how fast the new leader's first reaction is.
 
-The scene is bench/operator_failures.py's (bench/_operator_scene.py): its own control plane, the chart
+The scene is bench/operator_failures.py's (tests/support/operator_scene.py): its own control plane, the chart
 installed for real (CRD, RBAC, the leader-election Role), a stand-in kubelet, and a star
 MultiWorld of WORLDS worlds; the replicas are `multiworld operator --leader-election` processes
-with the chart's ServiceAccount (tests/kube/operator_support.py's OperatorReplica), on the Lease
+with the chart's ServiceAccount (tests/support/operator_support.py's OperatorReplica), on the Lease
 named like the release. Each round starts two fresh replicas, waits until one holds the Lease
 and the MultiWorld is Running, gives the standby STANDBY_WARM_S to start its watches, then:
 - takeover_s: the clock starts just before the signal is sent to the leader's process, and
@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import _common as common
-from _kubelet_stand_in import DESCRIBED, StandInKubelet
-from _operator_scene import cluster_module, new_namespace, star, support, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from tests.support import bench_common as common
+from tests.support.kubelet_stand_in import DESCRIBED, StandInKubelet
+from tests.support.operator_scene import cluster_module, new_namespace, star, support, wait_for
 
 FAULTS = {"graceful": signal.SIGTERM, "killed": signal.SIGKILL}
 WORLDS = 2

@@ -44,7 +44,7 @@ LOCAL: Hashable = ""
 KIB, MIB = 1 << 10, 1 << 20
 # The longest message: a longer line closes the connection. A worker's longest, the status of
 # a pod in MAX_WORLDS_PER_POD worlds with every name and number at its longest, is 64 KiB
-# (tests/spec/limits_support.py's worker_line).
+# (tests/support/limits_support.py's worker_line).
 MAX_LINE = 128 * KIB
 # A connection must prove who speaks within this long, and only so many may be trying at once:
 # silent, slow or junk connections (anything in the cluster may connect) cost a bounded amount.

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+# Each bench runs as `python -m bench.NAME` from the repository root.
+REPO = Path(__file__).resolve().parents[2]
 # Several processes importing torch on two shared cores, then the measurements.
 RUN_S = 600
 # A line that tells of a failure: an exception, a failed world or join, a traceback.
@@ -33,7 +34,8 @@ def excerpt(output: str, tail: int = 3000, lines: int = 30) -> str:
 
 def run_bench(name: str, *flags: str) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, str(BENCH / name), "--quick", "--json", *flags],
+        [sys.executable, "-m", f"bench.{name}", "--quick", "--json", *flags],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=RUN_S,
@@ -67,7 +69,7 @@ def spread(value: Any) -> bool:
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_collectives_reports_a_ratio_per_op_and_size() -> None:
-    figures = run_bench("collectives.py")
+    figures = run_bench("collectives")
     assert set(figures) == {"collectives"}
     assert set(figures["collectives"]) == {"ratios", "standard_errors"}
     ratios = figures["collectives"]["ratios"]
@@ -86,7 +88,7 @@ def test_collectives_reports_a_ratio_per_op_and_size() -> None:
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_failover_reports_detection_per_failure_and_the_other_world() -> None:
-    figures = run_bench("failover.py")
+    figures = run_bench("failover")
     assert set(figures) == {"failover"}
     failover = figures["failover"]
     assert set(failover) == {"detect_s", "other_world"}
@@ -99,7 +101,7 @@ def test_failover_reports_detection_per_failure_and_the_other_world() -> None:
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_recovery_reports_recovery_import_time_and_the_unaffected_world() -> None:
-    figures = run_bench("recovery.py")
+    figures = run_bench("recovery")
     assert set(figures) == {"recovery_s", "torch_import_s", "unaffected"}
     assert spread(figures["recovery_s"]), figures
     assert positive(figures["torch_import_s"]), figures
@@ -110,7 +112,7 @@ def test_recovery_reports_recovery_import_time_and_the_unaffected_world() -> Non
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_serving_reports_throughput_losses_and_latency_through_failures() -> None:
-    figures = run_bench("serving.py")
+    figures = run_bench("serving")
     assert set(figures) == {"steady_rps", "lost", "duplicates", "p99_ms", "dip_s"}
     assert positive(figures["steady_rps"]), figures
     assert error_count(figures["lost"]) and error_count(figures["duplicates"]), figures
@@ -122,7 +124,7 @@ def test_serving_reports_throughput_losses_and_latency_through_failures() -> Non
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_serving_reports_losses_latency_and_dips_through_a_rollout() -> None:
-    figures = run_bench("serving.py", "--rollout")
+    figures = run_bench("serving", "--rollout")
     assert set(figures) == {"steady_rps", "lost", "duplicates", "p99_ms", "dip_s", "rollout"}
     assert positive(figures["steady_rps"]), figures
     assert error_count(figures["lost"]) and error_count(figures["duplicates"]), figures
@@ -145,7 +147,7 @@ def test_serving_reports_losses_latency_and_dips_through_a_rollout() -> None:
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_heartbeats_reports_requests_per_interval_and_the_cost_of_shared_worlds() -> None:
-    figures = run_bench("heartbeats.py")
+    figures = run_bench("heartbeats")
     assert set(figures) == {"heartbeats"}
     heartbeats = figures["heartbeats"]
     assert set(heartbeats) == {"requests_per_interval", "shared_worlds", "per_world"}
@@ -170,7 +172,7 @@ def test_heartbeats_reports_requests_per_interval_and_the_cost_of_shared_worlds(
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_journeys_reports_the_start_and_the_settle_of_each_drawn_journey() -> None:
-    figures = run_bench("journeys.py")
+    figures = run_bench("journeys")
     assert set(figures) == {"journeys", "start_s", "settle_s"}
     assert figures["journeys"] == 1
     assert spread(figures["start_s"]), figures

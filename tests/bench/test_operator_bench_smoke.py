@@ -14,16 +14,22 @@ import pytest
 
 pytestmark = pytest.mark.kube
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "operator_failures.py"
+# Each bench runs as `python -m bench.NAME` from the repository root.
+REPO = Path(__file__).resolve().parents[2]
+BENCH = "bench.operator_failures"
 # A control plane, the chart, and MultiWorlds of up to 128 worlds on two shared cores.
 RUN_S = 900
 
 
+def run_quick(bench: str) -> subprocess.CompletedProcess[str]:
+    """`python -m BENCH --quick --json` from the repository root."""
+    argv = [sys.executable, "-m", bench, "--quick", "--json"]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=RUN_S, check=False)
+
+
 @pytest.mark.timeout(RUN_S + 60)
 def test_quick_run_reports_react_and_writes_per_failure() -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--json"], capture_output=True, text=True, timeout=RUN_S, check=False
-    )
+    result = run_quick(BENCH)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     figures = json.loads(lines[-1])
@@ -38,14 +44,12 @@ def test_quick_run_reports_react_and_writes_per_failure() -> None:
     assert any(line.startswith(("  PASS", "  MISS")) for line in lines[:-1]), result.stdout
 
 
-SCALE = BENCH.parent / "scale.py"
+SCALE = "bench.scale"
 
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_scale_quick_run_reports_every_figure() -> None:
-    result = subprocess.run(
-        [sys.executable, str(SCALE), "--quick", "--json"], capture_output=True, text=True, timeout=RUN_S, check=False
-    )
+    result = run_quick(SCALE)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(figures) == {
@@ -75,14 +79,12 @@ def test_scale_quick_run_reports_every_figure() -> None:
     assert all(0 <= v < 4 for v in figures["worker_watch_kib_per_failure"].values()), figures
 
 
-TAKEOVER = BENCH.parent / "takeover.py"
+TAKEOVER = "bench.takeover"
 
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_takeover_quick_run_reports_both_takeovers() -> None:
-    result = subprocess.run(
-        [sys.executable, str(TAKEOVER), "--quick", "--json"], capture_output=True, text=True, timeout=RUN_S, check=False
-    )
+    result = run_quick(TAKEOVER)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     figures = json.loads(lines[-1])
@@ -95,14 +97,12 @@ def test_takeover_quick_run_reports_both_takeovers() -> None:
     assert any(line.startswith(("  PASS", "  MISS")) for line in lines[:-1]), result.stdout
 
 
-ATTACKS = BENCH.parent / "attacks.py"
+ATTACKS = "bench.attacks"
 
 
 @pytest.mark.timeout(RUN_S + 60)
 def test_attacks_quick_run_reports_each_phase() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ATTACKS), "--quick", "--json"], capture_output=True, text=True, timeout=RUN_S, check=False
-    )
+    result = run_quick(ATTACKS)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     figures = json.loads(lines[-1])

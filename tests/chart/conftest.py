@@ -8,7 +8,8 @@ from typing import Any
 import helm_python as helm
 import pytest
 import yaml
-from chart_support import CHART_DIR, RELEASE, RELEASE_NAMESPACE, Manifest, Rendered
+
+from tests.support.chart_support import CHART_DIR, RELEASE, RELEASE_NAMESPACE, Manifest, Rendered
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import helm_python as helm
 import pytest
 import yaml
-from chart_support import CHART_DIR, REPO
+
+from tests.support.chart_support import CHART_DIR, REPO
 
 pytestmark = pytest.mark.quick
 

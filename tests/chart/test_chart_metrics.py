@@ -15,13 +15,13 @@ from typing import Any
 
 import helm_python as helm
 import pytest
-from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, Manifest, Rendered
-from harness.dashboard import dashboard, panels, queries, substituted, variables
-from harness.operator_metrics import T0, FixedStatuses, failure, planner_status
-from harness.prometheus import Prometheus, PrometheusError
 
 from multiworld_operator.kube.metrics import OperatorMetrics
 from multiworld_operator.local.store_ports import free_store_ports
+from tests.support.chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, Manifest, Rendered
+from tests.support.dashboard import dashboard, panels, queries, substituted, variables
+from tests.support.operator_metrics import T0, FixedStatuses, failure, planner_status
+from tests.support.prometheus import Prometheus, PrometheusError
 
 METRICS_SERVICE = f"{FULLNAME}-metrics"
 LEADER_LABEL = "multiworld.io/operator-leader"

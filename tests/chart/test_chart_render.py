@@ -10,11 +10,19 @@ from typing import Any
 
 import helm_python as helm
 import pytest
-from chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, REPO, Manifest, Rendered, example_pod_templates
 
 from multiworld_operator.kube.admission import HANDLER_ID
 from multiworld_operator.kube.webhook_secret import secret_name
 from multiworld_operator.kube.world_key import ENV_WORLD_KEY_SECRET
+from tests.support.chart_support import (
+    CHART_DIR,
+    FULLNAME,
+    RELEASE_NAMESPACE,
+    REPO,
+    Manifest,
+    Rendered,
+    example_pod_templates,
+)
 
 pytestmark = pytest.mark.quick
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import pytest
-from chart_support import FULLNAME, RELEASE_NAMESPACE, REPO, Rendered, example_pod_templates
+
+from tests.support.chart_support import FULLNAME, RELEASE_NAMESPACE, REPO, Rendered, example_pod_templates
 
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"

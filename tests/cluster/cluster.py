@@ -6,14 +6,16 @@ The control plane listens on ports picked free at start, so several control plan
 by side; without a node it serves on loopback and Pods stay Pending unless someone writes their
 status. With a node it serves on the host's address, which pods reach; one node runs per machine.
 
-    python tests/cluster/cluster.py up     # start in .cluster/, write .cluster/kubeconfig
-    python tests/cluster/cluster.py up --nodes 0   # the control plane alone
-    python tests/cluster/cluster.py env    # print `export KUBECONFIG=...` and PATH with kubectl
-    python tests/cluster/cluster.py down   # stop (apiserver before etcd)
-    python tests/cluster/cluster.py binaries  # resolve or build the binaries, print their paths
+From the repository root (standard library only: any Python 3.11 runs it):
 
-Tests load this file (tests/kube/conftest.py registers it as `multiworld_test_cluster`) and use
-`find_binaries`, `Cluster`, `ClusterError`, `wait_for` and `api_client_for`.
+    python3 -m tests.cluster.cluster up     # start in .cluster/, write .cluster/kubeconfig
+    python3 -m tests.cluster.cluster up --nodes 0   # the control plane alone
+    python3 -m tests.cluster.cluster env    # print `export KUBECONFIG=...` and PATH with kubectl
+    python3 -m tests.cluster.cluster down   # stop (apiserver before etcd)
+    python3 -m tests.cluster.cluster binaries  # resolve or build the binaries, print their paths
+
+Tests and benches import it as `tests.cluster.cluster` and use `find_binaries`, `Cluster`,
+`ClusterError`, `wait_for` and `api_client_for`.
 """
 
 from __future__ import annotations
@@ -39,8 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # node.py, beside this file
-from node import DAEMONS, NAME as NODE_NAME, Node, NodeBinaries, NodeError, node_ip
+from tests.cluster.node import DAEMONS, NAME as NODE_NAME, Node, NodeBinaries, NodeError, node_ip
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

@@ -1,7 +1,9 @@
 """The operator and worker images, built from the Dockerfile and loaded into containerd.
 
-    python tests/cluster/images.py build                   # build or reuse the cached archive
-    python tests/cluster/images.py load --address SOCKET   # import it into containerd (k8s.io)
+From the repository root:
+
+    python3 -m tests.cluster.images build                   # build or reuse the cached archive
+    python3 -m tests.cluster.images load --address SOCKET   # import it into containerd (k8s.io)
 
 The images are `multiworld/operator:dev` and `multiworld/worker:dev` (CRI sees them as
 `docker.io/multiworld/...:dev`). This machine reaches only PyPI (through a TLS-intercepting proxy),

@@ -5,7 +5,8 @@ operator` runs against the `make cluster` node, and what the node tests install.
         --set image.repository=multiworld/operator --set image.tag=dev --set image.pullPolicy=Never \\
         --set 'workers.namespaces={default}'
 
-Usage: python tests/cluster/operator_release.py [--kubeconfig .cluster/kubeconfig]
+Usage (from the repository root, with the venv's Python):
+    python -m tests.cluster.operator_release [--kubeconfig .cluster/kubeconfig]
            [--namespace multiworld] [--release multiworld] [--workers-namespace default ...]
 """
 

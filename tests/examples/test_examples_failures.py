@@ -9,8 +9,8 @@ import re
 import signal
 
 import pytest
-from examples_expected import CUDA_DEVICE, EXPECTED
-from examples_harness import (
+from tests.support.examples_expected import CUDA_DEVICE, EXPECTED
+from tests.support.examples_harness import (
     BACKENDS,
     EXIT_TIMEOUT,
     ExampleProcess,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from examples_harness import load_common
+from tests.support.examples_harness import load_common
 
 common = load_common()
 

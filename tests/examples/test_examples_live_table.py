@@ -11,8 +11,8 @@ import threading
 import time
 
 import pytest
-from examples_expected import EXPECTED, all_reduce_lines, assert_never_broke, check_steps
-from examples_harness import (
+from tests.support.examples_expected import EXPECTED, all_reduce_lines, assert_never_broke, check_steps
+from tests.support.examples_harness import (
     EXIT_TIMEOUT,
     SEED_TOPOLOGY,
     ExampleProcess,

@@ -5,7 +5,7 @@ the seed's lines with the values the operation must produce, and every process e
 from __future__ import annotations
 
 import pytest
-from examples_expected import (
+from tests.support.examples_expected import (
     EXPECTED,
     WORLD_SIZE,
     all_reduce_lines,
@@ -13,7 +13,7 @@ from examples_expected import (
     check_steps,
     world_tensors,
 )
-from examples_harness import (
+from tests.support.examples_harness import (
     BACKENDS,
     SEED_TOPOLOGY,
     assert_all_exit_zero,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from examples_harness import EXAMPLES, ExampleProcess, example_script, finish, free_base_port, load_example_module
+from tests.support.examples_harness import EXAMPLES, ExampleProcess, example_script, finish, free_base_port, load_example_module
 
 from multiworld import WorldAssignment
 

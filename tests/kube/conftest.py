@@ -3,7 +3,7 @@
 `kube_cluster` (session): a fresh etcd + kube-apiserver + kube-controller-manager in a temp dir.
 `kube_node` (session): the same with one real node (tests/cluster/node.py) holding our images.
 `namespace` (function): a fresh namespace, deleted afterwards.
-`scene` (function): the operator serving `namespace` (see operator_support.py).
+`scene` (function): the operator serving `namespace` (see tests/support/operator_support.py).
 A missing control plane is a test error with the reason, never a skip.
 """
 
@@ -13,21 +13,15 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from harness import kube
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-# tests/cluster's modules, registered as multiworld_test_cluster and multiworld_test_images.
-kube.cluster_modules()
-
-# The modules registered just above (their types: multiworld_test_*.pyi beside this file).
-import multiworld_test_cluster as cluster_module  # noqa: E402
-import multiworld_test_images as images_module  # noqa: E402
-from multiworld_test_cluster import Cluster  # noqa: E402
+from tests.cluster import cluster as cluster_module, images as images_module
+from tests.cluster.cluster import Cluster
 
 # The operator tests' `scene` fixture, for every test here (not imported by each test module, where
-# its parameters would shadow it). operator_support imports the cluster module registered above.
-from operator_support import scene  # noqa: E402, F401
+# its parameters would shadow it).
+from tests.support.operator_support import scene  # noqa: F401
 
 DEFAULT_SERVICEACCOUNT_TIMEOUT_S = 60.0
 # The session's clusters, in the order they start: a test needing the first runs before those

@@ -1,7 +1,7 @@
 """The admission webhook with the real kubectl: the chart installed with real Helm, `multiworld
 operator` started with its Deployment's args and only its ServiceAccount's token (it makes its
 certificate and writes its CA into the chart's webhook configuration), the configuration
-pointed at this host (webhook_support.py). An invalid spec is refused at `kubectl apply` with
+pointed at this host (tests/support/webhook_support.py). An invalid spec is refused at `kubectl apply` with
 every mistake named as `multiworld run` names it; a valid one is admitted; with the operator
 down, failurePolicy decides: Ignore admits (and the operator, back, marks the object
 SpecValid=False), Fail refuses."""
@@ -19,13 +19,18 @@ from pathlib import Path
 from typing import Any, cast
 
 import helm_python as helm
-import multiworld_test_cluster as cluster_module  # registered by conftest.py
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from multiworld_test_cluster import Cluster
-from operator_support import (
+
+from multiworld_operator import cli
+from multiworld_operator.kube import main as operator_main
+from multiworld_operator.kube.admission import Webhook
+from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
+from tests.cluster import cluster as cluster_module
+from tests.cluster.cluster import Cluster
+from tests.support.operator_support import (
     CHART_DIR,
     GROUP,
     HELM_TIMEOUT_S,
@@ -36,12 +41,7 @@ from operator_support import (
     stop_operator,
     two_worlds,
 )
-from webhook_support import ca_bundle, serve_from_this_host, wait_listening
-
-from multiworld_operator import cli
-from multiworld_operator.kube import main as operator_main
-from multiworld_operator.kube.admission import Webhook
-from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
+from tests.support.webhook_support import ca_bundle, serve_from_this_host, wait_listening
 
 pytestmark = pytest.mark.kube
 

@@ -10,18 +10,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import multiworld_test_cluster as cluster_module  # registered by conftest.py
-import multiworld_test_images as images_module  # registered by conftest.py
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from multiworld_test_cluster import Cluster
-from node import MARKER, Node  # tests/cluster/node.py, on sys.path once cluster.py is loaded
+
+from tests.cluster import cluster as cluster_module, images as images_module
+from tests.cluster.cluster import Cluster
+from tests.cluster.node import MARKER, Node
 
 pytestmark = pytest.mark.kube
 
 GC_TIMEOUT_S = 90.0
-CLUSTER_SCRIPT = Path(cluster_module.__file__)
+# `python3 -m tests.cluster.cluster`, run from the repository root as `make cluster` runs it.
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_CLI = ["-m", cluster_module.__name__]
 
 
 def _configmap(name: str, data: dict[str, str], owner: client.V1ConfigMap | None = None) -> client.V1ConfigMap:
@@ -256,8 +258,8 @@ def test_cli_up_runs_a_real_node_and_down_leaves_nothing(tmp_path: Path) -> None
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, str(CLUSTER_SCRIPT), *args, "--dir", str(directory)],
-            capture_output=True, text=True, timeout=600, check=False,
+            [sys.executable, *CLUSTER_CLI, *args, "--dir", str(directory)],
+            capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
         )  # fmt: skip
 
     up = cli("up")
@@ -307,14 +309,16 @@ def _plant_a_killed_node(directory: Path) -> Node:
 
 def test_cli_up_without_nodes_serves_the_control_plane_alone(tmp_path: Path) -> None:
     directory = tmp_path / "cli-control-plane"
-    argv = [sys.executable, str(CLUSTER_SCRIPT)]
+    argv = [sys.executable, *CLUSTER_CLI]
     up = subprocess.run([*argv, "up", "--nodes", "0", "--dir", str(directory)], capture_output=True, text=True,
-                        timeout=600, check=False)  # fmt: skip
+                        timeout=600, check=False, cwd=REPO)  # fmt: skip
     try:
         assert up.returncode == 0, up.stderr
         assert {f.stem for f in directory.glob("*.pid")} == {"etcd", "kube-apiserver", "kube-controller-manager"}
     finally:
-        down = subprocess.run([*argv, "down", "--dir", str(directory)], capture_output=True, text=True, check=False)
+        down = subprocess.run(
+            [*argv, "down", "--dir", str(directory)], capture_output=True, text=True, check=False, cwd=REPO
+        )
     assert down.returncode == 0, down.stderr
     assert not list(directory.glob("*.pid"))
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from multiworld_test_cluster import Cluster
 
 from multiworld_operator.kube import events
 from multiworld_operator.kube.api import KubeApi
 from multiworld_operator.kube.events import EVENT_BURST, SUPPRESSED, MultiWorldEvents
+from tests.cluster.cluster import Cluster
 
 # Short, so that the test sees a refill; the posts of a burst take far less on any machine.
 REFILL_S = 3.0

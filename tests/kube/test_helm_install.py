@@ -20,14 +20,15 @@ from pathlib import Path
 from typing import Any, cast
 
 import helm_python as helm
-import multiworld_test_cluster as cluster_module  # registered by conftest.py
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from multiworld_test_cluster import Cluster
-from operator_support import lease_holder, refusals, stop_operator
-from webhook_support import serve_from_this_host, wait_ca_bundle, wait_listening
+
+from tests.cluster import cluster as cluster_module
+from tests.cluster.cluster import Cluster
+from tests.support.operator_support import lease_holder, refusals, stop_operator
+from tests.support.webhook_support import serve_from_this_host, wait_ca_bundle, wait_listening
 
 pytestmark = pytest.mark.kube
 

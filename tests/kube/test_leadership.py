@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from multiworld_test_cluster import Cluster
-from operator_support import (
+
+from tests.cluster.cluster import Cluster
+from tests.support.operator_support import (
     TWO_WORLDS_PODS,
     Kubelet,
     KubeNamespace,

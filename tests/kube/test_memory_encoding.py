@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from operator_support import manifest
 
 from multiworld_operator.kube.bodies import MEMORY_LABEL
 from multiworld_operator.kube.observe import see_pod
@@ -28,6 +27,7 @@ from multiworld_operator.kube.planner_memory import (
     rebuilt_memory,
 )
 from multiworld_operator.spec import parse_manifest
+from tests.support.operator_support import manifest
 
 pytestmark = pytest.mark.quick
 
@@ -57,7 +57,7 @@ def test_a_corrupt_memory_says_what_is_wrong(packed: bytes | str, says: str) -> 
 
 
 # The most reading any memory may take (tracemalloc's peak): the largest accepted spec's takes
-# 34 MiB (bench/scale.py --largest reads it: tests/spec/limits_support.py).
+# 34 MiB (bench/scale.py --largest reads it: tests/support/limits_support.py).
 READ_PEAK = 64 * 1024 * 1024
 
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 import yaml
-from harness.dashboard import queries, substituted
-from harness.prometheus import Prometheus
 from kubernetes import client
-from multiworld_test_cluster import Cluster, ClusterError
-from node_support import (
+
+from tests.cluster.cluster import Cluster, ClusterError
+from tests.support.dashboard import queries, substituted
+from tests.support.node_support import (
     WAIT_S,
     WORKER_IMAGE,
     Operator,
@@ -32,7 +32,8 @@ from node_support import (
     kubectl,
     signal_container,
 )
-from operator_support import WORKER_SA, KubeNamespace, wait_for
+from tests.support.operator_support import WORKER_SA, KubeNamespace, wait_for
+from tests.support.prometheus import Prometheus
 
 pytestmark = [pytest.mark.kube, pytest.mark.node]
 
@@ -405,9 +406,9 @@ def test_node_bench_reports_recovery_and_its_breakdown(kube_node: Cluster) -> No
     pods each kill cost: 1 under `replace: Pod` (a new pod, or the one warm spare), 2 under
     `replace: World` on all_gather's world1 (its two w1 pods), N-1 for world1 of N. Its times
     are the bench's business: no speed is asserted here."""
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "node_recovery.py"), "--quick", "--json",
+    result = subprocess.run([sys.executable, "-m", "bench.node_recovery", "--quick", "--json",
                              "--cluster", str(kube_node.directory)],
-                            capture_output=True, text=True, timeout=BENCH_RUN_S, check=False)  # fmt: skip
+                            cwd=REPO, capture_output=True, text=True, timeout=BENCH_RUN_S, check=False)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     kills = 2  # --quick

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from multiworld_test_cluster import Cluster
-from operator_support import KubeNamespace, Scene, two_worlds, wait_for
-from webhook_support import RefusingWebhook
 
 from multiworld_operator.kube.api import CONCURRENCY, KubeApi, gather_bounded
 from multiworld_operator.kube.planner_memory import MEMORY_KEY
+from tests.cluster.cluster import Cluster
+from tests.support.operator_support import KubeNamespace, Scene, two_worlds, wait_for
+from tests.support.webhook_support import RefusingWebhook
 
 pytestmark = pytest.mark.kube
 

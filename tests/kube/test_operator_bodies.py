@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from hypothesis import given, strategies as st
-from operator_support import manifest
 
 from multiworld.contract import (
     BrokenWorldReport,
@@ -28,6 +27,7 @@ from multiworld_operator.kube.worker_inbox import WorkerInbox
 from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, plan
 from multiworld_operator.spec import MultiWorld, parse_manifest
 from multiworld_operator.spec.limits import PORT_BASE, PORT_SPAN
+from tests.support.operator_support import manifest
 
 pytestmark = pytest.mark.quick
 

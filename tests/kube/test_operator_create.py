@@ -8,7 +8,16 @@ import json
 
 import pytest
 from kubernetes.client.rest import ApiException
-from operator_support import TWO_WORLDS_PODS, Scene, created_for, env_of, printer_columns, two_worlds, wait_for
+
+from tests.support.operator_support import (
+    TWO_WORLDS_PODS,
+    Scene,
+    created_for,
+    env_of,
+    printer_columns,
+    two_worlds,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kube
 

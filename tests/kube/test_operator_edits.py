@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import pytest
 from kubernetes.client.rest import ApiException
-from multiworld_test_cluster import Cluster
-from operator_support import TWO_WORLDS_PODS, KubeNamespace, Scene, cluster_release, manifest, two_worlds, wait_for
+
+from tests.cluster.cluster import Cluster
+from tests.support.operator_support import (
+    TWO_WORLDS_PODS,
+    KubeNamespace,
+    Scene,
+    cluster_release,
+    manifest,
+    two_worlds,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kube
 

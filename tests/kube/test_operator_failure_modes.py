@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from kubernetes.client.rest import ApiException
-from operator_support import KubeNamespace, Scene, two_worlds, wait_for
+
+from tests.support.operator_support import KubeNamespace, Scene, two_worlds, wait_for
 
 pytestmark = pytest.mark.kube
 
@@ -79,7 +80,7 @@ def _wait_refused(kube: KubeNamespace, name: str, text: str) -> dict[str, str]:
 def test_a_pod_name_taken_by_another_multiworld_is_left_alone_and_reported(scene: Scene) -> None:
     """MultiWorld `a` with member `b-c` and MultiWorld `a-b` with member `c` both name a pod
     a-b-c-0: the second one does not take it, and says whose it is."""
-    from operator_support import manifest
+    from tests.support.operator_support import manifest
 
     kube = scene.kube
     kube.create(manifest("a-b", {"c": 2}, {"w": ["c"]}))

@@ -9,10 +9,10 @@ import time
 from typing import Any
 
 import pytest
-from operator_support import Scene, two_worlds, wait_for
-from spec.limits_support import largest_manifest
 
 from multiworld_operator.spec.limits import MAX_PODS
+from tests.support.limits_support import largest_manifest
+from tests.support.operator_support import Scene, two_worlds, wait_for
 
 pytestmark = pytest.mark.kube
 

@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from harness.operator_metrics import T0, FixedStatuses, failure, planner_status as status
-
 from multiworld_operator.kube.metrics import Key, OperatorMetrics, api_verb, transitions
+from tests.support.operator_metrics import T0, FixedStatuses, failure, planner_status as status
 
 KEY = ("apps", "mw")
 

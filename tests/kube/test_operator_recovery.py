@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness.worker_link import WorkerLink
-from operator_support import TWO_WORLDS_PODS, KubeNamespace, Scene, created_for, two_worlds, wait_for
 
 from multiworld.contract import BrokenWorldReport
 from multiworld_operator.kube.controller import RESYNC_S
+from tests.support.operator_support import TWO_WORLDS_PODS, KubeNamespace, Scene, created_for, two_worlds, wait_for
+from tests.support.worker_link import WorkerLink
 
 pytestmark = pytest.mark.kube
 

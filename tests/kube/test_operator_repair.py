@@ -19,8 +19,11 @@ from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
-from multiworld_test_cluster import Cluster
-from operator_support import (
+
+from multiworld_operator.kube.memory_store import MEMORY_REBUILT
+from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MEMORY_KEY
+from tests.cluster.cluster import Cluster
+from tests.support.operator_support import (
     Kubelet,
     KubeNamespace,
     Scene,
@@ -29,9 +32,6 @@ from operator_support import (
     two_worlds,
     wait_for,
 )
-
-from multiworld_operator.kube.memory_store import MEMORY_REBUILT
-from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MEMORY_KEY
 
 pytestmark = pytest.mark.kube
 

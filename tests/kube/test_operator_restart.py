@@ -9,8 +9,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import pytest
-from multiworld_test_cluster import Cluster
-from operator_support import (
+
+from tests.cluster.cluster import Cluster
+from tests.support.operator_support import (
     TWO_WORLDS_PODS,
     Kubelet,
     KubeNamespace,

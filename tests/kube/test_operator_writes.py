@@ -10,7 +10,8 @@ from collections import Counter
 
 import pytest
 from kubernetes import client
-from operator_support import KubeNamespace, Scene, manifest, wait_for
+
+from tests.support.operator_support import KubeNamespace, Scene, manifest, wait_for
 
 pytestmark = pytest.mark.kube
 

@@ -12,7 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from operator_support import Scene, two_worlds, wait_for
+
+from tests.support.operator_support import Scene, two_worlds, wait_for
 
 pytestmark = pytest.mark.kube
 

@@ -24,8 +24,12 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from multiworld_test_cluster import Cluster
-from operator_support import (
+
+from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
+from multiworld_operator.kube.memory_store import MEMORY_REBUILT
+from multiworld_operator.kube.planner_memory import MEMORY_KEY
+from tests.cluster.cluster import Cluster
+from tests.support.operator_support import (
     Kubelet,
     KubeNamespace,
     cluster_release,
@@ -34,10 +38,6 @@ from operator_support import (
     two_worlds,
     wait_for,
 )
-
-from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
-from multiworld_operator.kube.memory_store import MEMORY_REBUILT
-from multiworld_operator.kube.planner_memory import MEMORY_KEY
 
 pytestmark = pytest.mark.kube
 

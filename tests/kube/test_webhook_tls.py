@@ -16,16 +16,16 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
 
-import multiworld_test_cluster as cluster_module  # registered by conftest.py
 import pytest
 from kubernetes import client
 from kubernetes.config import kube_config
-from multiworld_test_cluster import Cluster
-from webhook_support import ca_bundle
 
 from multiworld_operator.kube import webhook_secret, webhook_tls
 from multiworld_operator.kube.webhook_secret import CertificateSecret, secret_name
 from multiworld_operator.kube.webhook_tls import AdmissionServer, CaBundle
+from tests.cluster import cluster as cluster_module
+from tests.cluster.cluster import Cluster
+from tests.support.webhook_support import ca_bundle
 
 pytestmark = pytest.mark.kube
 

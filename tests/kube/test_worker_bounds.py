@@ -11,7 +11,6 @@ import asyncio
 import time
 
 import pytest
-from multiworld_test_cluster import Cluster
 
 from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldEntry, WorldTable
 from multiworld_operator.channel_server import HELLO_BURST, ChannelServer
@@ -20,6 +19,7 @@ from multiworld_operator.kube.controller import MIN_STATUS_STEP_S, ReconcileLoop
 from multiworld_operator.kube.metrics import OperatorMetrics
 from multiworld_operator.kube.worker_identity import PodIdentities
 from multiworld_operator.kube.worker_inbox import MAX_REASON, WorkerInbox
+from tests.cluster.cluster import Cluster
 
 POD = "mw-a-0"
 TABLE = WorldTable(revision=1, worlds=[WorldEntry(name="wa", epoch=2, host="h", port=1, pods=["mw-leader-0", POD])])

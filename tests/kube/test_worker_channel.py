@@ -18,20 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harness.worker_link import WorkerLink, channel_url, pod_token
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from multiworld_test_cluster import Cluster
-from operator_support import (
-    WORKER_SA,
-    Kubelet,
-    KubeNamespace,
-    env_of,
-    install_release,
-    running_operator,
-    two_worlds,
-    wait_for,
-)
 
 from multiworld.channels.stream import parse_url
 from multiworld.contract import (
@@ -44,6 +32,18 @@ from multiworld.contract import (
     WorldTable,
 )
 from multiworld_operator.kube.api_basics import MERGE_PATCH
+from tests.cluster.cluster import Cluster
+from tests.support.operator_support import (
+    WORKER_SA,
+    Kubelet,
+    KubeNamespace,
+    env_of,
+    install_release,
+    running_operator,
+    two_worlds,
+    wait_for,
+)
+from tests.support.worker_link import WorkerLink, channel_url, pod_token
 
 pytestmark = pytest.mark.kube
 

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 from kubernetes.config import kube_config
-from multiworld_test_cluster import Cluster
 
 from multiworld_operator.kube.world_key import DATA_KEY, ENV_WORLD_KEY_SECRET, world_key
 from multiworld_operator.world_secrets import KEY_BYTES, WorldSecrets
+from tests.cluster.cluster import Cluster
 
 pytestmark = pytest.mark.kube
 

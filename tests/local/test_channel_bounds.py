@@ -11,12 +11,12 @@ import socket
 from datetime import UTC, datetime
 
 import pytest
-from spec.limits_support import worker_line
 
 from multiworld.contract import ChannelMessage, Hello, WorkerStatus, WorldEntry, WorldTable
 from multiworld_operator import channel_server
 from multiworld_operator.channel_server import LOCAL, ChannelServer, Speaker
 from multiworld_operator.spec.limits import MAX_WORLDS_PER_POD
+from tests.support.limits_support import worker_line
 
 
 class RawWorker:

@@ -24,7 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from harness.journey import RUN_ENV, Fault, Journey, Topology
+from tests.support.journey import RUN_ENV, Fault, Journey, Topology
 
 # A star: m0 (one pod, rank 0 of both worlds: it serves both stores and one beat store), m1 and m2
 # (two pods each). The attacker goes for w0; m1-0, a rank of w0, is killed.

@@ -1,7 +1,7 @@
 """The property journey on a small fixed budget: hypothesis draws a topology (chains, rings,
 stars, worlds sharing several members; replicas and warm spares) and a fault sequence (kills,
 freezes, a warm spare killed, a member's template edited, a suspend), runs it with
-`multiworld run` and checks the invariants of tests/harness/journey.py. Seeded, so every run
+`multiworld run` and checks the invariants of tests/support/journey.py. Seeded, so every run
 draws the same examples; a failure is shrunk and names its topology and faults.
 bench/journeys.py runs more examples, on the full ranges, and prints the figures.
 """
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import zlib
 
-from harness.journey import Journey, faults, topologies
 from hypothesis import HealthCheck, given, note, seed, settings, strategies as st
+
+from tests.support.journey import Journey, faults, topologies
 
 
 @seed(33)

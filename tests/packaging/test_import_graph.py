@@ -1,4 +1,4 @@
-"""The import check `make check` runs (harness/import_graph.py): it finds every cycle, lazy and
+"""The import check `make check` runs (tests/support/import_graph.py): it finds every cycle, lazy and
 type-hint imports included, and the project has none."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness.import_graph import cycles, graph
+
+from tests.support.import_graph import cycles, graph
 
 pytestmark = pytest.mark.quick
 

@@ -3,23 +3,21 @@ bad values refused, the planner's status stored without pruning, printer columns
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any, cast
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from planner_sim import Sim
 
 from multiworld_operator.crd import crd
 from multiworld_operator.planner import merge_patch
 from multiworld_operator.spec import parse_manifest
+from tests.cluster import cluster as cluster_module
+from tests.support.planner_sim import Sim
 
 pytestmark = pytest.mark.kube
 
@@ -30,21 +28,9 @@ ESTABLISH_TIMEOUT_S = 30.0
 LIST_TIMEOUT_S = 30.0
 
 
-def _cluster_module() -> ModuleType:
-    """tests/cluster/cluster.py, shared with tests/kube when that loaded it first."""
-    name = "multiworld_test_cluster"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "cluster" / "cluster.py")
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[client.ApiClient]:
     """A control plane with the generated CRD installed and established."""
-    cluster_module = _cluster_module()
     try:
         binaries = cluster_module.find_binaries()
         cluster = cluster_module.Cluster(tmp_path_factory.mktemp("crd-cluster"))
@@ -172,7 +158,7 @@ def test_printer_columns_show_phase_worlds_and_restarts(api: client.ApiClient) -
         cells = next((r["cells"] for r in table["rows"] if r["cells"][0] == "columns"), None)
         return cells if cells and cells[1] else None
 
-    cells = _cluster_module().wait_for("the columns MultiWorld in a table listing", row, LIST_TIMEOUT_S)
+    cells = cluster_module.wait_for("the columns MultiWorld in a table listing", row, LIST_TIMEOUT_S)
     assert cells[1:4] == ["Recovering", "1/2", 1]
     assert cells[6] == "not healthy: world1", cells  # -o wide
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from planner_sim import Sim, endpoint, make
 
 from multiworld_operator.planner import MultiWorldStatus, Observation, Plan, plan
 from multiworld_operator.planner.status import UP_PHASES
 from multiworld_operator.spec import MultiWorld, limits, parse_duration
+from tests.support.planner_sim import Sim, endpoint, make
 
 pytestmark = pytest.mark.quick
 

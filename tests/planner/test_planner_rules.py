@@ -7,7 +7,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from planner_sim import T0, Sim, endpoint, make, seed_topology
 
 from multiworld_operator.planner import (
     Condition,
@@ -20,6 +19,7 @@ from multiworld_operator.planner import (
 )
 from multiworld_operator.planner.status import CUT_MARK, MAX_FAILURE_MESSAGE, MAX_MESSAGE
 from multiworld_operator.spec import MultiWorld
+from tests.support.planner_sim import T0, Sim, endpoint, make, seed_topology
 
 pytestmark = pytest.mark.quick
 

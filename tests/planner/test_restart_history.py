@@ -7,11 +7,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from planner_sim import Sim, make, seed_topology
 
 from multiworld_operator.kube.planner_memory import memory_body
 from multiworld_operator.planner.status import RECENT_RESTARTS, RESTART_SLOTS
 from multiworld_operator.spec.limits import MAX_RESTARTS
+from tests.support.planner_sim import Sim, make, seed_topology
 
 pytestmark = pytest.mark.quick
 

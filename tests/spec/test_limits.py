@@ -1,7 +1,7 @@
 """The caps of the spec (spec/limits.py) against the limits they follow from: the largest spec they
 admit is accepted and everything written for it fits its limit, with names of 63 characters;
 one past any cap is refused, naming its field. The figures come from the real code
-(spec.limits_support: the planner, the operator's bodies, the worker's annotations). The time and
+(tests.support.limits_support: the planner, the operator's bodies, the worker's annotations). The time and
 memory of planning it are a benchmark's targets (`bench/scale.py --largest`), not a test's."""
 
 from __future__ import annotations
@@ -12,21 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from spec.limits_support import (
-    ANNOTATIONS_LIMIT,
-    CONFIGMAP_LIMIT,
-    ENV_STRING_LIMIT,
-    MAX_LINE,
-    STATUS_ROOM,
-    Largest,
-    annotations_bytes,
-    env_string,
-    exec_string_limit,
-    largest_manifest,
-    measure_largest,
-    pod_annotations,
-    worker_line,
-)
 
 from multiworld_operator.crd import crd
 from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
@@ -41,6 +26,21 @@ from multiworld_operator.spec.limits import (
     MAX_SPEC_BYTES,
     MAX_WORLDS,
     MAX_WORLDS_PER_POD,
+)
+from tests.support.limits_support import (
+    ANNOTATIONS_LIMIT,
+    CONFIGMAP_LIMIT,
+    ENV_STRING_LIMIT,
+    MAX_LINE,
+    STATUS_ROOM,
+    Largest,
+    annotations_bytes,
+    env_string,
+    exec_string_limit,
+    largest_manifest,
+    measure_largest,
+    pod_annotations,
+    worker_line,
 )
 
 pytestmark = pytest.mark.quick

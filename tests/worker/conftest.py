@@ -1,4 +1,4 @@
-"""Fixtures of the worker tests (helpers in worker_support.py)."""
+"""Fixtures of the worker tests (helpers in tests/support/worker_support.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from worker_support import Member, TableServer
+
+from tests.support.worker_support import Member, TableServer
 
 # How much of each member's output a failed test shows.
 STDERR_TAIL = 3000

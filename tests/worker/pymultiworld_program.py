@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from member import emit, use_backend, values
 
 from multiworld.communicator import BrokenWorldException, WorldCommunicator
 from multiworld.manager import WorldManager
+from tests.worker.member import emit, use_backend, values
 
 WORLD_SIZE = 3
 LENGTH = 3

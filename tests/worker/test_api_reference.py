@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_support import free_ports
 
 import multiworld as mw
 from multiworld.contract import WorldAssignment
+from tests.support.worker_support import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY_MD = REPO / "docs" / "library.md"

@@ -3,7 +3,7 @@ broken world raises WorldBrokenError from pending and new ops."""
 
 from __future__ import annotations
 
-from worker_support import TEST_DETECT, assignment, free_ports
+from tests.support.worker_support import TEST_DETECT, assignment, free_ports
 
 # case -> (an error type it must be, words its message must hold)
 REFUSALS = {

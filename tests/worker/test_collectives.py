@@ -8,7 +8,8 @@ the same processes in reverse rank order, so each process has a different rank i
 from __future__ import annotations
 
 import pytest
-from worker_support import BACKENDS, TEST_DETECT, assignment, free_ports
+
+from tests.support.worker_support import BACKENDS, TEST_DETECT, assignment, free_ports
 
 SIZE = 4
 

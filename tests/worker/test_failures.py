@@ -10,7 +10,8 @@ import signal
 import time
 
 import pytest
-from worker_support import BACKENDS, TEST_DETECT, assignment, free_ports, static_env, table
+
+from tests.support.worker_support import BACKENDS, TEST_DETECT, assignment, free_ports, static_env, table
 
 DETECTED_WITHIN = 10.0
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 import torch
-from worker_support import TEST_DETECT, assignment, free_ports, static_env
 
 import multiworld as mw
+from tests.support.worker_support import TEST_DETECT, assignment, free_ports, static_env
 
 QUIET = mw.DetectConfig(heartbeat=False, join_timeout=30, op_timeout=30)
 BEATING = mw.DetectConfig(heartbeat_interval=0.05, dead_after=5.0, join_timeout=30, op_timeout=30)

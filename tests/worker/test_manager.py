@@ -16,12 +16,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 from torch.distributed import TCPStore
-from worker_support import free_ports, table
 
 import multiworld as mw
 from multiworld.channels import open_channel
 from multiworld_operator.local.runner import LocalRunner
 from multiworld_operator.spec import load_manifest
+from tests.support.worker_support import free_ports, table
 
 FAST = mw.DetectConfig(heartbeat_interval=0.05, dead_after=1.5, join_timeout=30, op_timeout=30)
 

@@ -14,12 +14,10 @@ import pickle
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from worker_support import TEST_DETECT, free_ports
 
 import multiworld
 from multiworld.communicator import BrokenWorldException
@@ -27,15 +25,17 @@ from multiworld.contract import WORLD_NAME_RE
 from multiworld.errors import UnknownWorldError, WorldBrokenError
 from multiworld.manager import WorldManager
 from multiworld.world_labels import world_label
+from tests.support.worker_support import TEST_DETECT, free_ports
 
-PROGRAM = Path(__file__).with_name("pymultiworld_program.py")
+# Run as a module from the repository root (the members' working directory): it imports member.py's helpers.
+PROGRAM = ["-m", "tests.worker.pymultiworld_program"]
 SIZE = 3
 LENGTH = 3
 ENV = {"MULTIWORLD_DEAD_AFTER": str(TEST_DETECT["dead_after"]), "MULTIWORLD_OP_TIMEOUT": "600"}
 
 
 def launch(spawn, worldinfo: list[str], ports: list[int], *flags: str, names: dict[int, str] | None = None):
-    argv = [str(PROGRAM), "--timeout", "60"]
+    argv = [*PROGRAM, "--timeout", "60"]
     for info in worldinfo:
         argv += ["--worldinfo", info]
     for index, port in enumerate(ports, start=1):

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from worker_support import TEST_DETECT, Member, TableServer, assignment, free_ports
 
 from multiworld import DetectConfig
 from multiworld.channels import open_channel
@@ -30,6 +29,7 @@ from multiworld.contract import (
 )
 from multiworld.errors import short
 from multiworld.verdicts import Verdict
+from tests.support.worker_support import TEST_DETECT, Member, TableServer, assignment, free_ports
 
 
 def imported_after(code: str) -> set[str]:

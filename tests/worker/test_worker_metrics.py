@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from worker_support import TEST_DETECT, Member, assignment, free_ports, static_env
 
 from multiworld.contract import ENV_METRICS_PORT, WorkerEnv
+from tests.support.worker_support import TEST_DETECT, Member, assignment, free_ports, static_env
 
 METRICS_MEMBER = Path(__file__).with_name("metrics_member.py")
 DETECT_ENV = {f"MULTIWORLD_{name.upper()}": str(seconds) for name, seconds in TEST_DETECT.items()}

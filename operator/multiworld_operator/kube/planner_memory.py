@@ -36,7 +36,7 @@ from .observe import SeenPod
 MEMORY_KEY = "status.json.gz"
 # The most a memory may take once decompressed, and the most JSON values it may hold. The
 # largest accepted spec's memory at its largest (every pod failed and waiting, every world's
-# restart history full: tests/spec/limits_support.py measures it, test_limits.py holds it
+# restart history full: tests/support/limits_support.py measures it, test_limits.py holds it
 # within these) is 3.5 MiB of 192 thousand values, and 34 MiB once read. JSON's Python objects
 # take up to 25 times the bytes they are parsed from (`{},` a dict of 64 bytes): the count of
 # values, taken on the bytes before json.loads builds anything, is what bounds the memory a

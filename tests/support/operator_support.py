@@ -21,14 +21,11 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import helm_python as helm
-import multiworld_test_cluster as cluster_module  # registered by conftest.py
 import pytest
 from kopf.testing import KopfRunner
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.config import kube_config
-from multiworld_test_cluster import Cluster
-from webhook_support import RefusingWebhook
 
 from multiworld.contract import NAME_LABEL
 from multiworld_operator.kube.api_basics import MERGE_PATCH
@@ -36,6 +33,9 @@ from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION
 from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
 from multiworld_operator.kube.leadership import LEADER_LABEL
 from multiworld_operator.kube.planner_memory import read_memory
+from tests.cluster import cluster as cluster_module
+from tests.cluster.cluster import Cluster
+from tests.support.webhook_support import RefusingWebhook
 
 T = TypeVar("T")
 

@@ -18,12 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from multiworld_operator.local.store_ports import free_store_ports
+from tests.support.members import Member
 
-REPO = Path(__file__).resolve().parents[1]
-# The harness the tests share with the benches (tests/harness/, a package), found by name: ahead
-# of the installed packages (as pytest's `pythonpath` puts it), behind this folder.
-sys.path.insert(1, str(REPO / "tests"))
-from harness.members import Member  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 # Store ports as `multiworld run` picks them: none that the kernel hands out to other sockets.
 free_ports = free_store_ports
@@ -213,16 +210,22 @@ def emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, "at": time.time(), **fields}), flush=True)
 
 
-class Members:
-    """Every member a bench started; all still running are killed on exit (SIGKILL also ends
-    SIGSTOPped ones)."""
+def program(file: str) -> list[str]:
+    """The arguments after `python` that run the bench whose `__file__` is `file` as a program
+    again (`-m bench.NAME`, from the repository root, where members and pods start)."""
+    return ["-m", ".".join(Path(file).resolve().relative_to(REPO).with_suffix("").parts)]
 
-    def __init__(self, script: Path) -> None:
-        self.script = script
+
+class Members:
+    """Every member a bench started, each running `program` (see `program`); all still running
+    are killed on exit (SIGKILL also ends SIGSTOPped ones)."""
+
+    def __init__(self, program: Sequence[str]) -> None:
+        self.program = list(program)
         self.started: list[Member] = []
 
     def start(self, name: str, args: Sequence[str]) -> Member:
-        member = Member([str(self.script), *args], name, env=MEMBER_ENV, cwd=REPO, wait_s=MEMBER_WAIT_S)
+        member = Member([*self.program, *args], name, env=MEMBER_ENV, cwd=REPO, wait_s=MEMBER_WAIT_S)
         self.started.append(member)
         return member
 

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 import torch
-from harness import members
 
 from multiworld.contract import BrokenWorldReport, WorkerEnv, WorkerStatus, WorldAssignment, WorldEntry, WorldTable
 from multiworld_operator.channel_server import ChannelServer, Speaker, local_url
 from multiworld_operator.local.store_ports import free_store_ports
+from tests.support import members
 
-MEMBER = Path(__file__).with_name("member.py")
+REPO = Path(__file__).resolve().parents[2]
+MEMBER = REPO / "tests" / "worker" / "member.py"
 WAIT = members.WAIT_S
 # Tests run on busy machines: a heartbeat a little late must not look like a death.
 TEST_DETECT = {"dead_after": 2.0, "join_timeout": 60.0, "op_timeout": 60.0}
@@ -42,8 +43,9 @@ def assignment(name: str, rank: int, size: int, port: int, epoch: int = 1, backe
 
 
 class Member(members.Member):
-    """One member process running a scenario of member.py (or, given `argv`, that program of
-    its own, named `scenario` in messages); its stdout is JSON events."""
+    """One member process running a scenario of tests/worker/member.py (or, given `argv`, that
+    program of its own, named `scenario` in messages), from the repository root (where `-m
+    tests.worker.NAME` finds a program); its stdout is JSON events."""
 
     def __init__(
         self, scenario: str, args: dict[str, Any], env: dict[str, str] | None = None, argv: list[str] | None = None
@@ -53,6 +55,7 @@ class Member(members.Member):
             argv if argv is not None else [str(MEMBER), scenario, json.dumps(args)],
             name=scenario,
             env={"PYTHONFAULTHANDLER": "1", **(env or {})},
+            cwd=REPO,
             wait_s=WAIT,
         )
 

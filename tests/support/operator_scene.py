@@ -1,7 +1,7 @@
 """What the operator benches share: their own control plane (etcd, kube-apiserver,
 kube-controller-manager; tests/cluster/cluster.py) in a temp dir, the chart installed for real
 (CRD and RBAC, cluster-wide), `multiworld operator` as a process of its own, and a stand-in
-kubelet (bench/_kubelet_stand_in.py) that marks pods Running and Failed through their status.
+kubelet (kubelet_stand_in.py) that marks pods Running and Failed through their status.
 """
 
 from __future__ import annotations
@@ -18,16 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import _common as common
-from _kubelet_stand_in import StandInKubelet
-from harness import kube
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-T = TypeVar("T")
+from tests.cluster import cluster as cluster_module
+from tests.support import bench_common as common, operator_support as support
+from tests.support.kubelet_stand_in import StandInKubelet
 
-cluster_module, _ = kube.cluster_modules()
-support = kube.kube_support("operator_support")
+T = TypeVar("T")
 
 GROUP, VERSION, PLURAL = support.GROUP, support.VERSION, support.PLURAL
 # Generous: thousands of pods and a large status on two shared cores.

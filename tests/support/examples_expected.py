@@ -7,7 +7,8 @@ import re
 from collections.abc import Callable
 
 import torch
-from examples_harness import ExampleProcess, load_common
+
+from tests.support.examples_harness import ExampleProcess, load_common
 
 common = load_common()
 

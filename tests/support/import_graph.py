@@ -5,7 +5,7 @@ still ties the two modules together) and under `TYPE_CHECKING` (a type hint that
 circle is a circle a reader has to untangle). An import of a name resolves to the module that
 defines it when that name is a module of the project, else to the module named.
 
-    python -m harness.import_graph worker/multiworld operator/multiworld_operator
+    python -m tests.support.import_graph worker/multiworld operator/multiworld_operator
 """
 
 from __future__ import annotations

@@ -21,11 +21,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import multiworld_test_cluster as cluster_module  # registered by conftest.py
 from kubernetes import client
 
 from multiworld_operator.kube.admission import HANDLER_ID
 from multiworld_operator.kube.webhook_secret import self_signed
+from tests.cluster import cluster as cluster_module
 
 JSON_PATCH = "application/json-patch+json"
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"

@@ -34,10 +34,6 @@ from typing import Any, TypeVar
 
 import yaml
 
-# tests/planner's platform for the planner (planner_sim), imported by name as its tests do.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "planner"))
-from planner_sim import Sim
-
 from multiworld.contract import ENV_WORLDS, BrokenWorldReport, ChannelMessage, WorkerStatus, WorldAssignment
 from multiworld_operator.channel_server import MAX_LINE as MAX_LINE
 from multiworld_operator.kube.bodies import pod_body, rendezvous_host
@@ -59,6 +55,7 @@ from multiworld_operator.spec.limits import (
 )
 from multiworld_operator.spec.names import MAX_LABEL, SPARE_SERIAL_ROOM
 from multiworld_operator.world_secrets import KEY_BYTES, WorldSecrets
+from tests.support.planner_sim import Sim
 
 REPO = Path(__file__).resolve().parents[2]
 M = TypeVar("M")
@@ -245,7 +242,7 @@ def _spread(total: int, parts: int) -> list[int]:
 
 
 class Platform(Sim):
-    """tests/planner/planner_sim.py's platform, planning as the operator plans (reconcile.py:
+    """tests/support/planner_sim.py's platform, planning as the operator plans (reconcile.py:
     each world's port, and `<rank-0 pod>.<MultiWorld>` to rendezvous with)."""
 
     def plan(self) -> Plan:
@@ -407,9 +404,7 @@ def operator_rss_mib() -> float:
     """The peak resident memory (VmHWM) of a process that imports the operator as
     `multiworld operator` runs it (kopf, the Kubernetes client) and makes the two plans of the
     largest spec: a fresh interpreter, so nothing else of this one counts."""
-    code = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import limits_support; limits_support._rss()"
-    )
+    code = "from tests.support import limits_support; limits_support._rss()"
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO).stdout
     return float(out.split()[-1])
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import multiworld_test_cluster as cluster_module  # registered by conftest.py
-import operator_release  # tests/cluster/, on the path once cluster.py is loaded
 import yaml
 from kubernetes import client
-from multiworld_test_cluster import Cluster
+
+from tests.cluster import cluster as cluster_module, operator_release
+from tests.cluster.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_IMAGE = "multiworld/worker:dev"

@@ -1,0 +1,2 @@
+"""The benchmarks, each run from the repository root as `python -m bench.NAME` (their shared
+parts are in tests.support)."""

@@ -1,0 +1,1 @@
+"""The benches' smoke tests: each bench once, with its smallest settings."""

@@ -1,0 +1,2 @@
+"""The test cluster (control plane, node, images, the chart with Helm), run from the repository
+root as `python3 -m tests.cluster.NAME`. Standard library only, but for operator_release.py."""

@@ -1,0 +1,1 @@
+"""The example programs run as real processes."""

@@ -1,0 +1,1 @@
+"""The operator on a real API server, and the user journeys on the real node."""

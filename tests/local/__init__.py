@@ -1,0 +1,1 @@
+"""`multiworld run`: the local runner and its parts."""

@@ -1,0 +1,1 @@
+"""The package, its extras, its imports, the README and the setup step."""

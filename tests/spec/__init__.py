@@ -1,0 +1,1 @@
+"""The spec, its limits and the CRD."""

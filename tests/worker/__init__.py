@@ -1,0 +1,1 @@
+"""The worker library with real member processes."""
