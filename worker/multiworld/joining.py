@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from multiworld import metrics, shutdown
@@ -75,8 +74,8 @@ class Joiner:
                 if not newest_only:
                     raise
                 with held.lock:
-                    newer = held.joins.get(a.name)
-                    world = held.worlds.get(a.name)
+                    newer = held.joining(a.name)
+                    world = held.world(a.name)
                 if newer is None and world is not None:
                     newer = Join.holding(world)
                 if newer is not None:
@@ -93,14 +92,13 @@ class Joiner:
         held = self._held
         with held.lock:
             held.check_open()
-            pending = held.joins.get(a.name)
+            pending = held.joining(a.name)
             if pending is not None:
                 if pending.assignment == a:
                     return pending
                 _refuse_older(a, pending.assignment, "being joined")
-                pending.cancelled.set()
-                del held.joins[a.name]
-            world = held.worlds.get(a.name)
+                held.call_off(a.name)
+            world = held.world(a.name)
             if world is not None:
                 if world.assignment == a and not world.broken:
                     return Join.holding(world)
@@ -124,7 +122,7 @@ class Joiner:
 
         held = self._held
         with held.lock:
-            users = [j.assignment for j in held.joins.values()] + [w.assignment for w in held.worlds.values()]
+            users = [j.assignment for j in held.joins().values()] + [w.assignment for w in held.worlds().values()]
             if not any(u.rank == 0 and u.port == a.port for u in users):
                 stores.stop_serving(a.name, a.port)
 
@@ -134,10 +132,15 @@ class Joiner:
         config: DetectConfig | None = None,
         device: str | torch.device | None = None,
         pause: float = 0.0,
+        replacing: Join | None = None,
     ) -> Join:
-        """Register a join of `a` (under the lock) and run it on its own thread."""
+        """Register a join of `a` (under the lock), in place of the failed join `replacing`
+        when it tries again, and run it on its own thread."""
         join = Join(a, config, device, pause)
-        self._held.joins[a.name] = join
+        if replacing is None:
+            self._held.start_joining(join)
+        else:
+            self._held.retry(replacing, join)
         shutdown.start_thread(self._run, f"mw-join-{a.name}-{a.epoch}", join)
         return join
 
@@ -163,13 +166,7 @@ class Joiner:
     def _install(self, join: Join, world: World) -> None:
         held = self._held
         name = join.assignment.name
-        with held.lock:
-            current = held.joins.get(name) is join and not join.cancelled.is_set() and not held.closed
-            if current:
-                del held.joins[name]
-                held.worlds[name] = world
-                held.joined_at[name] = datetime.now(UTC)
-                join.world = world
+        current = held.install(join, world)
         if current:
             metrics.world_joined(name)
         else:
@@ -184,19 +181,17 @@ class Joiner:
         a = join.assignment
         join.error = exc
         with held.lock:
-            current = held.joins.get(a.name) is join
+            current = held.joining(a.name) is join
             # Following a live table, a join that timed out goes on waiting (a peer's pod may be
             # scheduling or pulling its image), and one that lost its store tries again (the
             # address may have led to a replaced instance); the platform decides from the
             # report whether the epoch failed, and a newer epoch calls this join off.
             again = current and isinstance(exc, (JoinTimedOut, StoreLost)) and self._follows_table and not held.closed
-            if current:
-                del held.joins[a.name]
-                if again:
-                    pause = RETRY_PAUSE_S if isinstance(exc, StoreLost) else 0.0
-                    self._launch(a, join.config, join.device, pause)
-                else:
-                    held.given_up[a.name] = max(held.given_up.get(a.name, 0), a.epoch)
+            if again:
+                pause = RETRY_PAUSE_S if isinstance(exc, StoreLost) else 0.0
+                self._launch(a, join.config, join.device, pause, replacing=join)
+            elif current:
+                held.give_up(join)
         if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):
             log.warning("could not join world %s epoch %d: %s", a.name, a.epoch, exc)
             self._reporter.join_failed(a, exc)

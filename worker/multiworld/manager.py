@@ -116,7 +116,8 @@ class WorldManager(PymultiworldFace):
         return self._held.plays or self.pod
 
     def __repr__(self) -> str:
-        return f"<WorldManager pod={self.pod!r} worlds={sorted(self._held.worlds)} joining={sorted(self._held.joins)}>"
+        held = self._held
+        return f"<WorldManager pod={self.pod!r} worlds={sorted(held.worlds())} joining={sorted(held.joins())}>"
 
     # -- joining (joining.py) --------------------------------------------------------------
 
@@ -182,7 +183,7 @@ class WorldManager(PymultiworldFace):
         def identified() -> bool:
             if held.waiting:
                 return False
-            found.append([*held.joins.values(), *map(Join.holding, held.worlds.values())])
+            found.append([*held.joins().values(), *map(Join.holding, held.worlds().values())])
             return True
 
         self._waits.until_blocking(identified, None, "an identity")
@@ -194,16 +195,13 @@ class WorldManager(PymultiworldFace):
         """Leave a world (or call off its join). Its release runs in the background."""
         held = self._held
         with held.lock:
-            if name not in held.worlds and name not in held.joins:
+            if name not in held.names():
                 raise UnknownWorldError(name, held.known())
             self._leave(name)
 
     def _leave(self, name: str) -> None:
         """Leave a world or call off its join, under the lock (also the table's leave)."""
-        join = self._held.joins.pop(name, None)
-        if join is not None:
-            join.cancelled.set()
-        world = self._held.worlds.pop(name, None)
+        world = self._held.forget(name)
         if world is not None:
             world.leave_for_good("left the world")
         self._reporter.changed()
@@ -214,9 +212,9 @@ class WorldManager(PymultiworldFace):
         """The world's latest incarnation here (a broken one until a newer epoch is joined)."""
         held = self._held
         with held.lock:
-            world = held.worlds.get(name)
+            world = held.world(name)
             if world is None:
-                join = held.joins.get(name)
+                join = held.joining(name)
                 detail = f"its join (epoch {join.assignment.epoch}) is in progress" if join else held.known()
                 raise UnknownWorldError(name, detail)
             return world
@@ -224,22 +222,20 @@ class WorldManager(PymultiworldFace):
     def worlds(self) -> dict[str, World]:
         """The worlds joined, by name: each one's latest incarnation (broken ones included). A
         world whose join is under way is not here yet: `world_names` lists it."""
-        with self._held.lock:
-            return dict(self._held.worlds)
+        return self._held.worlds()
 
     def world_names(self) -> list[str]:
         """The worlds this process is in, sorted: those joined (healthy or broken) and those
         whose join is under way (at start, or a world the live table added)."""
-        with self._held.lock:
-            return sorted(self._held.names())
+        return sorted(self._held.names())
 
     def assignments(self) -> dict[str, WorldAssignment]:
         """Every world this process is in, by name: the latest assignment (rank, size, epoch,
         store) of each, those whose join is under way included; waits for nothing."""
         held = self._held
         with held.lock:
-            found = {name: world.assignment for name, world in held.worlds.items()}
-            found.update({name: join.assignment for name, join in held.joins.items()})
+            found = {name: world.assignment for name, world in held.worlds().items()}
+            found.update({name: join.assignment for name, join in held.joins().items()})
             return found
 
     async def wait_world(self, name: str, newer_than: int | None = None, timeout: float | None = None) -> World:
@@ -268,15 +264,10 @@ class WorldManager(PymultiworldFace):
         """Leave every world and call off every join, without waiting for anything: the
         communicators are released in the background (and process exit waits for them,
         bounded; see shutdown.py)."""
-        held = self._held
-        with held.lock:
-            if held.closed:
-                return
-            held.closed = True
-            worlds = list(held.worlds.values())
-            joins = list(held.joins.values())
-            held.worlds.clear()
-            held.joins.clear()
+        dropped = self._held.close()
+        if dropped is None:
+            return
+        worlds, joins = dropped
         for join in joins:
             join.cancelled.set()
         if worlds:

@@ -63,8 +63,7 @@ class TableFollower:
             mine = table.assignments_for(self._pod)
             identified = held.waiting and bool(mine)
             if identified:
-                held.waiting = False
-                held.plays = table.plays(self._pod)
+                held.identify(table.plays(self._pod))
                 log.info("spare pod %s plays %s from world table revision %d", self._pod, held.plays, table.revision)
             for name in held.names() - set(mine):
                 self._leave(name)
@@ -96,13 +95,9 @@ class TableFollower:
 
     def _wants(self, a: WorldAssignment) -> bool:
         held = self._held
-        pending = held.joins.get(a.name)
-        current = pending.assignment if pending is not None else None
-        world = held.worlds.get(a.name)
-        if current is None and world is not None:
-            current = world.assignment
+        current = held.latest(a.name)
         if current is not None and current.epoch >= a.epoch:
             if current.epoch == a.epoch and current != a:
                 log.error("world %s epoch %d changed without a new epoch; ignored", a.name, a.epoch)
             return False
-        return held.given_up.get(a.name, 0) < a.epoch
+        return held.given_up_epoch(a.name) < a.epoch

@@ -87,7 +87,7 @@ class _Ready:
         self.world: World
 
     def __call__(self) -> bool:
-        world = self._held.worlds.get(self._name)
+        world = self._held.world(self._name)
         if world is not None and not world.broken and world.epoch > self._newer_than:
             self.world = world
             return True

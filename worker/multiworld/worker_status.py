@@ -31,14 +31,14 @@ class StatusReporter:
         """What this process holds now: healthy worlds' epochs, and failures seen per world."""
         held = self._held
         with held.lock:
-            joined = {name: w.epoch for name, w in held.worlds.items() if not w.broken}
+            joined = {name: w.epoch for name, w in held.worlds().items() if not w.broken}
             return WorkerStatus(
                 pod=self._pod,
                 joined=joined,
-                joining={name: j.assignment.epoch for name, j in held.joins.items()},
+                joining={name: j.assignment.epoch for name, j in held.joins().items()},
                 errors=dict(self._errors),
                 started=self._started,
-                joined_at={name: held.joined_at[name] for name in joined},
+                joined_at={name: held.joined_at(name) for name in joined},
                 waiting=held.waiting,
                 plays=held.plays,
             )
