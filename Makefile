@@ -19,12 +19,12 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --spares w1=1 --kill w1:1 --after 8 --duration 30
 
-# pytest exit code 5 means "no tests collected": not a failure of the build; the ten slowest
+# pytest exit code 5 means "no tests collected": not a failure of the build; the 25 slowest
 # tests are listed (what a cold run spends its time on). The checks come first (a lint or type
 # error fails in seconds, not after the builds); the images are built here, before pytest, so
 # that no test waits minutes for them.
 test: $(STAMP) check kube-binaries images
-	@started=$$(date +%s); $(PY) -m pytest -q --durations=10 tests; rc=$$?; $(call took,suite); \
+	@started=$$(date +%s); $(PY) -m pytest -q --durations=25 tests; rc=$$?; $(call took,suite); \
 	  if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # The quick tier: the tests marked `quick` but not `slow` (the planner, the spec, the pure kube
