@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	  $(PY) -c "import torch, kopf, multiworld, multiworld_operator" && touch $@ && $(call took,venv)
 
 demo: $(STAMP)
-	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --spares w1=1 --kill w1:1 --after 8 --duration 30
+	$(VENV)/bin/multiworld run examples/all_gather/multiworld.yaml --spares w1=1 --kill w1:1 --after 8 --until-recovered --duration 120
 
 # pytest exit code 5 means "no tests collected": not a failure of the build; the 25 slowest
 # tests are listed (what a cold run spends its time on). The checks come first (a lint or type

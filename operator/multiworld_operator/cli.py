@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("file", type=Path, help="YAML file holding a MultiWorld manifest")
     run.add_argument("--duration", type=_positive, metavar="SECONDS", help="stop everything after SECONDS")
     run.add_argument(
+        "--until-recovered",
+        action="store_true",
+        help="end the run once every --kill and --suspend has happened and every world runs again "
+        "(--duration still bounds it)",
+    )
+    run.add_argument(
         "--kill",
         action="append",
         default=[],
@@ -80,19 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         type=_non_negative,
         metavar="SECONDS",
-        help="when the matching --kill happens: seconds after every world first ran",
+        help="when the matching --kill happens: seconds after every world first ran with its warm spares ready",
     )
     run.add_argument(
         "--chaos",
         type=_non_negative,
         default=0.0,
         metavar="KILLS_PER_MINUTE",
-        help="kill random members at this average rate, once every world ran",
+        help="kill random members at this average rate, once every world ran (spares ready)",
     )
     run.add_argument(
         "--suspend",
         metavar="AFTER:FOR",
-        help="set spec.suspend for FOR seconds, AFTER seconds after every world first ran: every member "
+        help="set spec.suspend for FOR seconds, AFTER seconds after every world first ran (spares ready): every member "
         "stops, and each world comes back at its next epoch",
     )
     run.add_argument("--seed", type=int, help="random seed for --chaos and random ordinals")

@@ -56,6 +56,8 @@ def test_every_spec_problem_is_listed_with_its_field(tmp_path):
         (["--kill", "nobody", "--after", "1"], "no member named 'nobody'"),
         (["--kill", "w1:5", "--after", "1"], "has 2 pod(s)"),
         (["--kill", "w1"], "one --after SECONDS per --kill"),
+        (["--until-recovered"], "--until-recovered: there is nothing to recover from without --kill or --suspend"),
+        (["--until-recovered", "--kill", "w1", "--after", "1", "--chaos", "2"], "--chaos never ends"),
     ],
 )
 def test_bad_kill_flags_name_the_flag(tmp_path, flags, message):

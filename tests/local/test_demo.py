@@ -28,3 +28,6 @@ def test_make_demo_recovers_world1_and_leaves_world2_alone() -> None:
     ), summary
     assert "orphan processes: 0" in summary, summary
     assert "injecting failure: SIGKILL all-gather-w1-1" in out, out
+    # The README's account: the warm spare takes the killed pod's place, and the run ends there.
+    assert "SpareAssigned: warm spare all-gather-w1-spare-a plays all-gather-w1-1" in out, out
+    assert "every fault is recovered from: ending the run (--until-recovered)" in out, out

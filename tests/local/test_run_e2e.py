@@ -64,6 +64,11 @@ SEED: dict[str, Any] = dict(
 )
 
 
+# A run with a fault ends once every world runs again; the bound only catches a recovery that
+# never comes.
+UNTIL_RECOVERED = ("--until-recovered", "--duration", "150")
+
+
 def run(path: Path, tmp_path: Path, *flags: str) -> dict:
     result = subprocess.run(
         [sys.executable, "-m", "multiworld_operator.cli", "run", str(path), "--json", "--no-view",
@@ -111,7 +116,7 @@ def starts(tmp_path: Path, pod: str) -> int:
 def test_killing_an_exclusive_member_rebuilds_only_its_world(tmp_path):
     """Only the dead pod is replaced: its live sibling w1-0 and the leader join world1's epoch 2
     in the processes they have."""
-    summary = run(manifest(tmp_path, **SEED), tmp_path, "--kill", "w1:1", "--after", "5", "--duration", "50")
+    summary = run(manifest(tmp_path, **SEED), tmp_path, "--kill", "w1:1", "--after", "5", *UNTIL_RECOVERED)
     recovered_once(summary, "world1")
     world2 = summary["worlds"]["world2"]
     assert (world2["failures"], world2["errors"], world2["epoch"]) == (0, 0, 1), summary["_stderr"]
@@ -131,7 +136,7 @@ def test_replace_world_restarts_every_pod_of_the_failed_world(tmp_path):
     worlds = [dict(w, failurePolicy=whole) for w in SEED["worlds"]]
     summary = run(
         manifest(tmp_path, members=SEED["members"], worlds=worlds), tmp_path,
-        "--kill", "w1:1", "--after", "5", "--duration", "50",
+        "--kill", "w1:1", "--after", "5", *UNTIL_RECOVERED,
     )  # fmt: skip
     recovered_once(summary, "world1")
     assert (starts(tmp_path, "w1-0"), starts(tmp_path, "w1-1"), starts(tmp_path, "leader-0")) == (2, 2, 1)
@@ -156,7 +161,7 @@ def test_a_program_that_stops_when_its_world_breaks_is_replaced(tmp_path):
 
 
 def test_killing_the_shared_member_fails_and_rebuilds_both_worlds(tmp_path):
-    summary = run(manifest(tmp_path, **SEED), tmp_path, "--kill", "leader", "--after", "5", "--duration", "50")
+    summary = run(manifest(tmp_path, **SEED), tmp_path, "--kill", "leader", "--after", "5", *UNTIL_RECOVERED)
     for world in ("world1", "world2"):
         recovered_once(summary, world)
     assert summary["_rc"] == 0
@@ -168,7 +173,7 @@ def test_killing_a_store_host_rebuilds_its_world_and_spares_the_other(tmp_path):
         members=[{"name": "leader"}, {"name": "w1", "replicas": 2}, {"name": "w2", "replicas": 2}],
         worlds=[{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["w2", "leader"]}],
     )
-    summary = run(manifest(tmp_path, **topology), tmp_path, "--kill", "w2:0", "--after", "5", "--duration", "50")
+    summary = run(manifest(tmp_path, **topology), tmp_path, "--kill", "w2:0", "--after", "5", *UNTIL_RECOVERED)
     recovered_once(summary, "world2")
     world1 = summary["worlds"]["world1"]
     assert (world1["failures"], world1["errors"], world1["epoch"]) == (0, 0, 1), summary["_stderr"]
@@ -192,7 +197,7 @@ def test_a_plain_torch_world_loses_every_rank_to_one_death(tmp_path):
     """single_world's manifest: one plain torch.distributed world. A kill fails that world, so
     every one of its pods is recreated (the contrast with the multi-world examples)."""
     summary = run(
-        manifest(tmp_path, example="single_world"), tmp_path, "--kill", "workers:1", "--after", "4", "--duration", "40"
+        manifest(tmp_path, example="single_world"), tmp_path, "--kill", "workers:1", "--after", "4", *UNTIL_RECOVERED
     )
     recovered_once(summary, "world")
     assert summary["_rc"] == 0
@@ -290,7 +295,7 @@ def test_the_manifests_spares_take_the_killed_worlds_places(tmp_path):
     """spares: 1 on w1, no flag: one death takes one spare. world1 comes back with the spare (a
     process of w1's own command, started ahead of the kill) playing the killed w1-1, the live
     w1-0 in its own process, and no new process of a w1 pod."""
-    summary = run(manifest(tmp_path, **SPARED), tmp_path, "--kill", "w1:1", "--after", "8", "--duration", "40")
+    summary = run(manifest(tmp_path, **SPARED), tmp_path, "--kill", "w1:1", "--after", "8", "--duration", "50")
     recovered_once(summary, "world1")
     name = run_name(tmp_path)
     out = summary["_stderr"]
@@ -306,7 +311,7 @@ def test_the_manifests_spares_take_the_killed_worlds_places(tmp_path):
 
 def test_spares_flag_overrides_the_manifest(tmp_path):
     summary = run(
-        manifest(tmp_path, **SPARED), tmp_path, "--spares", "w1=0", "--kill", "w1:1", "--after", "5", "--duration", "40"
+        manifest(tmp_path, **SPARED), tmp_path, "--spares", "w1=0", "--kill", "w1:1", "--after", "5", *UNTIL_RECOVERED
     )
     recovered_once(summary, "world1")
     assert "SpareAssigned" not in summary["_stderr"] and "spare" not in " ".join(os.listdir(tmp_path / "logs"))

@@ -58,6 +58,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         mw = _load(args)
         kills = planned_kills(args.kill, args.after)
         suspend = parse_suspend(args.suspend) if args.suspend else None
+        if args.until_recovered and args.chaos:
+            raise ValueError("--until-recovered: --chaos never ends, so nothing would end the run")
+        if args.until_recovered and not (kills or suspend):
+            raise ValueError("--until-recovered: there is nothing to recover from without --kill or --suspend")
         for kill in kills:
             pods = mw.pods_of(kill.member) if kill.member in {m.name for m in mw.spec.members} else None
             if pods is None:
@@ -74,6 +78,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             watch=args.file,
             chaos_per_minute=args.chaos,
             duration=args.duration,
+            until_recovered=args.until_recovered,
             seed=args.seed,
             log_dir=args.log_dir,
             workdir=args.workdir,

@@ -63,6 +63,7 @@ class LocalRunner:
         watch: Path | None = None,
         chaos_per_minute: float = 0.0,
         duration: float | None = None,
+        until_recovered: bool = False,
         seed: int | None = None,
         log_dir: Path | None = None,
         workdir: Path | None = None,
@@ -73,6 +74,11 @@ class LocalRunner:
         # The manifest file and how to read it again: an edit applies to the running MultiWorld.
         self.follower = ManifestFollower(reload, watch)
         self.duration = duration
+        # End once every fault asked for happened and every world runs again: a fault injected
+        # (a kill, a suspension) must first be seen to take the MultiWorld out of Running.
+        self.until_recovered = until_recovered
+        self.awaiting_recovery = False
+        self.seen_down = False
         self.rng = random.Random(seed)
         self.faults = FaultSchedule(kills, chaos_per_minute, [m.name for m in multiworld.spec.members], self.rng)
         commands = member_commands(multiworld)
@@ -142,14 +148,35 @@ class LocalRunner:
         self.view.event(f"injecting failure: SIGKILL {process}{by}")
         self.trackers.fault_injected(self.mw.worlds_of_pod(pod), time.monotonic())
         self.pods.kill(process)
+        self.awaiting_recovery, self.seen_down = True, False
 
     # --- the loop -----------------------------------------------------------------------
-    def _finished(self) -> bool:
+    def _finished(self, fault_clock: float) -> bool:
         if self.status is None:
             return False
+        if self.until_recovered and self._recovered(fault_clock):
+            self.view.event("every fault is recovered from: ending the run (--until-recovered)")
+            return True
         if all(ws.phase in ("Failed", "Succeeded") for ws in self.status.worlds.values()):
             return True
         return self.pods.all_succeeded()
+
+    def _up(self) -> bool:
+        """Every world runs and every warm spare asked for is ready ("<ready>/<wanted>")."""
+        if self.status is None or self.status.phase != "Running":
+            return False
+        return all(ready == wanted for ready, _, wanted in (s.partition("/") for s in self.status.spares.values()))
+
+    def _recovered(self, fault_clock: float) -> bool:
+        """Every fault asked for happened, was seen, and every world runs again."""
+        assert self.status is not None
+        if self.awaiting_recovery and self.status.phase != "Running":
+            self.seen_down = True
+        if fault_clock < 0 or self.faults.next_at() is not None:
+            return False
+        if self.suspend is not None and self.suspend.next_change(fault_clock) is not None:
+            return False
+        return self.seen_down and self.status.phase == "Running"
 
     async def run(self) -> RunSummary:
         self.launcher.table_url = local_url(await self.server.start())
@@ -162,9 +189,9 @@ class LocalRunner:
                 elapsed = time.monotonic() - started
                 if self.duration is not None and elapsed >= self.duration:
                     break
-                # Faults are timed from when every world first ran: a kill during start-up
-                # would only test the rendezvous.
-                if self.up_since is None and self.status is not None and self.status.phase == "Running":
+                # Faults are timed from when every world first ran with its warm spares ready: a
+                # kill during start-up would only test the rendezvous (or a spare's start).
+                if self.up_since is None and self._up():
                     self.up_since = time.monotonic()
                 fault_clock = time.monotonic() - self.up_since if self.up_since is not None else -1.0
                 for kill in self.faults.due(fault_clock):
@@ -179,7 +206,7 @@ class LocalRunner:
                 self.status = result.status
                 self.trackers.observe(self.status, time.monotonic())
                 self.view.update(world_rows(self.mw, self.status, self._errors_of), note=self.status.phase)
-                if self._finished():
+                if self._finished(fault_clock):
                     break
                 next_fault = self.faults.next_at()
                 next_switch = None if self.suspend is None else self.suspend.next_change(fault_clock)
@@ -210,6 +237,7 @@ class LocalRunner:
         wanted = self.suspend.wanted(fault_clock)
         if wanted != self.mw.spec.suspend:
             self.view.event("suspending: spec.suspend true" if wanted else "resuming: spec.suspend false")
+            self.awaiting_recovery, self.seen_down = True, False
             self.mw = self.mw.model_copy(update={"spec": self.mw.spec.model_copy(update={"suspend": wanted})})
 
     def request_stop(self) -> None:
