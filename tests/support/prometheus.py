@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,7 +41,8 @@ class PrometheusError(RuntimeError):
 
 class Prometheus:
     """Use as a context manager: a started and ready Prometheus scraping `targets` (`host:port`,
-    path /metrics, job `job`) every `scrape_interval_s`. Its config, storage and log live in
+    path /metrics, job `job`) every `scrape_interval_s`, with `scrape` added to the scrape config
+    (e.g. scheme https, authorization, tls_config). Its config, storage and log live in
     `workdir` (kept), or in a temporary folder removed when it stops. Prometheus finds its targets
     about 5 s after it starts (its discovery sends updates at most every 5 s): wait_for them."""
 
@@ -53,6 +54,7 @@ class Prometheus:
         job: str = "multiworld",
         workdir: Path | None = None,
         binary: Path = PROMETHEUS,
+        scrape: Mapping[str, Any] | None = None,
     ) -> None:
         if not binary.exists():
             raise FileNotFoundError(
@@ -61,6 +63,7 @@ class Prometheus:
         self.targets = list(targets)
         self.scrape_interval_s = scrape_interval_s
         self.job = job
+        self.scrape = dict(scrape or {})
         self.binary = binary
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="prometheus-"))
@@ -153,7 +156,7 @@ class Prometheus:
         interval = f"{round(self.scrape_interval_s * 1000)}ms"
         return {
             "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
-            "scrape_configs": [{"job_name": self.job, "static_configs": [{"targets": self.targets}]}],
+            "scrape_configs": [{"job_name": self.job, "static_configs": [{"targets": self.targets}], **self.scrape}],
         }
 
     def _wait_ready(self) -> None:
