@@ -136,7 +136,7 @@ class ChannelServer:
         # What each pod may still send, by (group, pod).
         self._messages = Budgets(MESSAGE_BURST, MESSAGES_PER_S)
         self._bytes = Budgets(BYTE_BURST, BYTES_PER_S)
-        self._warn = _QuietLog().warn
+        self._warn = QuietLog("channel").warn
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `host`:`port` (0: a free port); the port listened on."""
@@ -297,11 +297,13 @@ class ChannelServer:
             await self._server.wait_closed()
 
 
-class _QuietLog:
-    """Warnings of the channel, each kind from each source said once per LOG_EVERY_S with a count
-    of those held back: anything in the cluster may connect, as often as it likes."""
+class QuietLog:
+    """Warnings of a surface (`what`: the channel, the metrics), each kind from each source said
+    once per LOG_EVERY_S with a count of those held back: anything in the cluster may connect, as
+    often as it likes."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: str, logger: logging.Logger = log) -> None:
+        self._what, self._log = what, logger
         self._said: dict[Hashable, tuple[float, int]] = {}
 
     def warn(self, key: Hashable, message: str, *args: object) -> None:
@@ -314,7 +316,7 @@ class _QuietLog:
             self._said.clear()
         self._said[key] = (now, 0)
         held = f" ({said[1]} more like it in the last {now - said[0]:.0f} s)" if said is not None and said[1] else ""
-        log.warning("channel: " + message + "%s", *args, held)
+        self._log.warning(self._what + ": " + message + "%s", *args, held)
 
 
 class _Greeters:

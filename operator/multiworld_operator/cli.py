@@ -128,7 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
     op.add_argument("--liveness", metavar="URL", help="serve a liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     op.add_argument(
-        "--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics"
+        "--metrics-port", type=_port, metavar="PORT", help="serve Prometheus metrics at https://0.0.0.0:PORT/metrics"
+    )
+    op.add_argument(
+        "--metrics-secure",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve the metrics over HTTPS (the webhook's certificate, else a self-signed one) to a bearer token "
+        "the API server says may get /metrics (a TokenReview and a SubjectAccessReview, as controller-runtime does); "
+        "--no-metrics-secure: plain HTTP to anyone who can connect (default: secure)",
     )
     op.add_argument(
         "--webhook-port", type=int, metavar="PORT", help="serve the validating admission webhook on PORT (HTTPS)"
@@ -220,7 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:
             parser.error(str(error))
     return run_operator(
-        namespaces=args.namespace, liveness=args.liveness, webhook=webhook, lease=lease, metrics_port=args.metrics_port
+        namespaces=args.namespace,
+        liveness=args.liveness,
+        webhook=webhook,
+        lease=lease,
+        metrics_port=args.metrics_port,
+        metrics_secure=args.metrics_secure,
     )
 
 

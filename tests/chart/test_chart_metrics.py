@@ -17,6 +17,7 @@ import helm_python as helm
 import pytest
 
 from multiworld_operator.kube.metrics import OperatorMetrics
+from multiworld_operator.kube.webhook_secret import secret_name
 from multiworld_operator.local.store_ports import free_store_ports
 from tests.support.chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, Manifest, Rendered
 from tests.support.dashboard import dashboard, panels, queries, substituted, variables
@@ -152,6 +153,7 @@ def test_defaults_serve_metrics_through_a_service_with_no_monitor_or_dashboard(
 ) -> None:
     assert chart.values["metrics"] == {
         "port": 8000,
+        "secure": True,
         "serviceMonitor": {"enabled": False, "interval": "30s", "labels": {}},
         "dashboard": {"enabled": False, "labels": GRAFANA_SIDECAR},
     }
@@ -201,12 +203,93 @@ def test_the_service_monitor_scrapes_the_metrics_service_only(render: Callable[.
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     spec = monitor["spec"]
     # honorLabels: the metrics' own `namespace` (the MultiWorld's) is not renamed exported_namespace.
-    assert spec["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s", "honorLabels": True}]
+    (endpoint,) = spec["endpoints"]
+    assert endpoint.items() >= {"port": "metrics", "path": "/metrics", "interval": "15s", "honorLabels": True}.items()
     wanted = spec["selector"]["matchLabels"]
     selected = [
         s["metadata"]["name"] for s in rendered.of_kind("Service") if wanted.items() <= s["metadata"]["labels"].items()
     ]
     assert selected == [METRICS_SERVICE]
+
+
+# -- who may read them (issue 32, finding 6) --------------------------------------------------------
+
+READER_ROLE = f"{FULLNAME}-metrics-reader"
+TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def operator_may_review(rendered: Rendered) -> set[tuple[str, str, str]]:
+    """The reviews the operator's ClusterRole lets it create."""
+    rules = rendered.one("ClusterRole", FULLNAME)["rules"]
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        if resource in ("tokenreviews", "subjectaccessreviews")
+    }
+
+
+REVIEWS = {
+    ("authentication.k8s.io", "tokenreviews", "create"),
+    ("authorization.k8s.io", "subjectaccessreviews", "create"),
+}
+
+
+@pytest.mark.parametrize("values", [{}, {"watchNamespaces": ["team-a"]}], ids=["all-namespaces", "namespaced"])
+def test_by_default_metrics_are_for_a_token_allowed_to_get_them(
+    render: Callable[..., Rendered], values: dict[str, Any]
+) -> None:
+    """As controller-runtime's default: the operator serves HTTPS and checks each token with a
+    TokenReview and a SubjectAccessReview, which its ClusterRole lets it create (both modes);
+    the ClusterRole that allows get on /metrics is the chart's, for users to bind to their
+    Prometheus (the chart binds it to nobody)."""
+    rendered = render(values)
+    assert "--no-metrics-secure" not in container(rendered)["args"]
+    assert operator_may_review(rendered) == REVIEWS
+    reader = rendered.one("ClusterRole", READER_ROLE)
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    bindings = rendered.of_kind("ClusterRoleBinding") + rendered.of_kind("RoleBinding")
+    assert [b for b in bindings if b["roleRef"]["name"] == READER_ROLE] == []
+    assert f"--clusterrole={READER_ROLE}" in rendered.notes
+
+
+def test_the_service_monitor_bears_prometheus_token_and_trusts_the_webhook_certificate(
+    render: Callable[..., Rendered],
+) -> None:
+    """Every replica shows the webhook's certificate (made for the webhook Service's name, its
+    CAs in the webhook Secret's ca.crt): the ServiceMonitor verifies it by that name and CA, and
+    sends the token of Prometheus's own ServiceAccount. Without the webhook, each replica's
+    certificate is its own, self-signed: not verified."""
+    rendered = render(ENABLED)
+    (endpoint,) = rendered.one("ServiceMonitor", FULLNAME, RELEASE_NAMESPACE)["spec"]["endpoints"]
+    args = container(rendered)["args"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == TOKEN_FILE
+    assert endpoint["tlsConfig"] == {
+        "serverName": args[args.index("--webhook-host") + 1],
+        "ca": {"secret": {"name": secret_name(args[args.index("--webhook-configuration") + 1]), "key": "ca.crt"}},
+    }
+    without_webhook = render({**ENABLED, "webhook": {"enabled": False, "failurePolicy": "Fail", "port": 9443,
+                                                     "timeoutSeconds": 5}})  # fmt: skip
+    (endpoint,) = without_webhook.one("ServiceMonitor", FULLNAME, RELEASE_NAMESPACE)["spec"]["endpoints"]
+    assert (endpoint["scheme"], endpoint["bearerTokenFile"]) == ("https", TOKEN_FILE)
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}
+
+
+def test_metrics_secure_false_serves_plain_http_and_grants_no_reviews_of_access(
+    render: Callable[..., Rendered],
+) -> None:
+    plain = {"metrics": {**ENABLED["metrics"], "secure": False}}
+    rendered = render(plain)
+    assert "--no-metrics-secure" in container(rendered)["args"]
+    assert [r for r in rendered.of_kind("ClusterRole") if r["metadata"]["name"] == READER_ROLE] == []
+    # TokenReviews stay: they check which pod a worker channel connection speaks for.
+    assert operator_may_review(rendered) == {("authentication.k8s.io", "tokenreviews", "create")}
+    (endpoint,) = rendered.one("ServiceMonitor", FULLNAME, RELEASE_NAMESPACE)["spec"]["endpoints"]
+    assert not {"scheme", "bearerTokenFile", "tlsConfig"} & endpoint.keys()
+    assert "plain HTTP to anyone" in rendered.notes
 
 
 def test_the_dashboard_config_map_carries_the_dashboard_and_the_sidecar_labels(
@@ -232,13 +315,14 @@ def test_lint_is_clean_with_the_monitor_and_the_dashboard() -> None:
     [
         ({**ENABLED["metrics"], "prot": 8000}, "prot"),
         ({**ENABLED["metrics"], "port": 0}, "/metrics/port"),
+        ({**ENABLED["metrics"], "secure": "yes"}, "/metrics/secure"),
         ({**ENABLED["metrics"], "serviceMonitor": {"enabled": True, "interval": "soon", "labels": {}}}, "interval"),
         (
             {**ENABLED["metrics"], "dashboard": {"enabled": True, "labels": {"grafana_dashboard": 1}}},
             "grafana_dashboard",
         ),
     ],
-    ids=["unknown-key", "bad-port", "bad-interval", "label-not-a-string"],
+    ids=["unknown-key", "bad-port", "not-a-boolean", "bad-interval", "label-not-a-string"],
 )
 def test_schema_refuses_bad_metrics_values(
     chart: helm.Chart, render: Callable[..., Rendered], metrics: dict[str, Any], named: str

@@ -44,11 +44,13 @@ OPERATOR_IN_NAMESPACE = (
     | grants("", ["configmaps"], ["get", "create", "update"])  # the memory
 )
 # What only a ClusterRole can grant: kopf's reads of CRDs (to notice the MultiWorld resource) and
-# namespaces, and TokenReviews (which pod a worker channel connection speaks for).
+# namespaces, TokenReviews (which pod a worker channel connection speaks for, whose token a
+# request for the metrics bears) and SubjectAccessReviews (whether that user may get /metrics).
 KOPF_CLUSTER_READS = (
     grants("apiextensions.k8s.io", ["customresourcedefinitions"], ["list", "watch"])
     | grants("", ["namespaces"], ["list", "watch"])
     | grants("authentication.k8s.io", ["tokenreviews"], ["create"])
+    | grants("authorization.k8s.io", ["subjectaccessreviews"], ["create"])
 )
 # The admission webhook's CA, written into the release's own webhook configuration only.
 WEBHOOK_CA = grants("admissionregistration.k8s.io", ["validatingwebhookconfigurations"], ["get", "patch"])

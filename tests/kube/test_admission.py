@@ -233,7 +233,7 @@ def test_with_the_operator_down_fail_refuses(kube_cluster: Cluster, namespace: s
 def test_operator_flags_serve_the_webhook_only_when_given(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    started: list[tuple[Webhook | None, int | None]] = []
+    started: list[tuple[Webhook | None, int | None, bool]] = []
 
     def run_operator(
         namespaces: list[str],
@@ -241,15 +241,17 @@ def test_operator_flags_serve_the_webhook_only_when_given(
         webhook: Webhook | None = None,
         lease: object = None,
         metrics_port: int | None = None,
+        metrics_secure: bool = True,
     ) -> int:
-        started.append((webhook, metrics_port))
+        started.append((webhook, metrics_port, metrics_secure))
         return 0
 
     monkeypatch.setattr(operator_main, "run_operator", run_operator)
     assert cli.main(["operator"]) == 0
     flags = ["--webhook-port", "9443", "--webhook-host", "w.ns.svc", "--webhook-configuration", "mw"]
     assert cli.main(["operator", *flags, "--metrics-port", "8000"]) == 0
-    assert started == [(None, None), (Webhook(9443, "w.ns.svc", "mw"), 8000)]
+    assert cli.main(["operator", "--metrics-port", "8000", "--no-metrics-secure"]) == 0
+    assert started == [(None, None, True), (Webhook(9443, "w.ns.svc", "mw"), 8000, True), (None, 8000, False)]
     with pytest.raises(SystemExit) as refused:
         cli.main(["operator", "--webhook-port", "9443"])
     assert refused.value.code == 2

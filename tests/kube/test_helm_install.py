@@ -8,6 +8,7 @@ MultiWorld admitted by its webhook."""
 
 from __future__ import annotations
 
+import base64
 import functools
 import os
 import subprocess
@@ -25,8 +26,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from multiworld_operator.kube.webhook_secret import secret_name
 from tests.cluster import cluster as cluster_module
 from tests.cluster.cluster import Cluster
+from tests.support.metrics_support import get_metrics, service_account_token
 from tests.support.operator_support import lease_holder, refusals, stop_operator
 from tests.support.webhook_support import serve_from_this_host, wait_ca_bundle, wait_listening
 
@@ -92,6 +95,7 @@ def release_objects(
         ),
         f"ClusterRole {fullname}": exists(lambda: rbac.read_cluster_role(fullname)),
         f"ClusterRoleBinding {fullname}": exists(lambda: rbac.read_cluster_role_binding(fullname)),
+        f"ClusterRole {fullname}-metrics-reader": exists(lambda: rbac.read_cluster_role(f"{fullname}-metrics-reader")),
         f"ValidatingWebhookConfiguration {fullname}": exists(
             lambda: client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(fullname)
         ),
@@ -155,6 +159,7 @@ def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> Non
         assert not allowed(api, worker_sa, "get", "multiworlds", namespace, "multiworld.io")
         assert allowed(api, operator_sa, "update", "configmaps", namespace)
         assert allowed(api, operator_sa, "create", "tokenreviews", None, "authentication.k8s.io")
+        assert allowed(api, operator_sa, "create", "subjectaccessreviews", None, "authorization.k8s.io")
         with kube_cluster.serviceaccount_api_client(*worker_sa) as worker:
             with pytest.raises(ApiException) as forbidden:
                 client.CoreV1Api(worker).list_namespaced_config_map(namespace)
@@ -224,9 +229,18 @@ def operator_process(kube_cluster: Cluster, namespace: str, fullname: str, log_p
         stop_operator(process)
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
+def scrape(api: client.ApiClient, namespace: str, fullname: str, port: int) -> str:
+    """The metrics as the chart's ServiceMonitor reads them: over TLS verified with the webhook
+    Secret's ca.crt for the webhook Service's name (every replica shows the webhook's
+    certificate), bearing the token of a ServiceAccount bound to the chart's metrics-reader."""
+    container = operator_container(api, fullname, namespace)
+    server_name = container.args[container.args.index("--webhook-host") + 1]
+    secret = client.CoreV1Api(api).read_namespaced_secret(secret_name(fullname), namespace)
+    ca = base64.b64decode(secret.data["ca.crt"]).decode()
+    with service_account_token(api, namespace, "prometheus", f"{fullname}-metrics-reader") as token:
+        answer = get_metrics(port, token, ca=ca, server_name=server_name)
+    assert answer.status == 200, answer
+    return answer.body
 
 
 def healthy(port: int) -> bool | None:
@@ -295,7 +309,7 @@ def test_operator_serves_a_multiworld_with_only_the_charts_rbac(
                     "the liveness endpoint", lambda: healthy(health_port), OPERATOR_TIMEOUT_S
                 )
                 # Its metrics, on the port the chart gave it: the leader, and the MultiWorld's worlds.
-                metrics = scrape(metrics_port)
+                metrics = scrape(api, namespace, fullname, metrics_port)
                 assert "multiworld_operator_leader 1.0" in metrics.splitlines(), metrics
                 assert f'multiworld="{name}"' in metrics and "multiworld_world_epoch{" in metrics, metrics
                 # It acted as the leader, on the Lease the chart lets it hold.

@@ -6,6 +6,7 @@ Every check reads what a user would: kubectl, pod logs, pod uids, the MultiWorld
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import json
@@ -21,8 +22,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from multiworld_operator.kube.webhook_secret import secret_name
 from tests.cluster.cluster import Cluster, ClusterError
 from tests.support.dashboard import queries, substituted
+from tests.support.metrics_support import service_account_token
 from tests.support.node_support import (
     WAIT_S,
     WORKER_IMAGE,
@@ -207,6 +210,30 @@ def _assert_world2_untouched(cluster: Cluster, operator: Operator, kube: KubeNam
         assert "world2 broke" not in log, f"{member}:\n{log}"
 
 
+@contextlib.contextmanager
+def _prometheus(cluster: Cluster, operator: Operator, target: str, folder: Path) -> Iterator[Prometheus]:
+    """A real Prometheus scraping `target` as the chart's ServiceMonitor has it scrape: over
+    HTTPS, trusting the webhook Secret's ca.crt for the webhook Service's name (every replica
+    shows the webhook's certificate), with the token of a ServiceAccount bound to the chart's
+    metrics-reader ClusterRole, as Prometheus's own would be."""
+    with (
+        cluster.api_client() as api,
+        service_account_token(api, operator.namespace, "prometheus", f"{operator.fullname}-metrics-reader") as token,
+    ):
+        secret = client.CoreV1Api(api).read_namespaced_secret(secret_name(operator.fullname), operator.namespace)
+        deployment = client.AppsV1Api(api).read_namespaced_deployment(operator.fullname, operator.namespace)
+        (container,) = deployment.spec.template.spec.containers
+        (folder / "token").write_text(token)
+        (folder / "ca.crt").write_bytes(base64.b64decode(secret.data["ca.crt"]))
+        tls = {
+            "ca_file": str(folder / "ca.crt"),
+            "server_name": container.args[container.args.index("--webhook-host") + 1],
+        }
+        scrape = {"scheme": "https", "authorization": {"credentials_file": str(folder / "token")}, "tls_config": tls}
+        with Prometheus([target], scrape=scrape) as prometheus:
+            yield prometheus
+
+
 def _single_value_is(expected: float, result: list[dict[str, Any]]) -> bool:
     return float(result[0]["value"][1]) == expected
 
@@ -234,7 +261,7 @@ def test_killed_worker_costs_only_its_world(
     name = all_gather
     pod = _ready_operator_pod(kube_node, operator)
     assert pod is not None
-    with Prometheus([f"{pod.status.pod_ip}:{OPERATOR_METRICS_PORT}"]) as prometheus:
+    with _prometheus(kube_node, operator, f"{pod.status.pod_ip}:{OPERATOR_METRICS_PORT}", tmp_path) as prometheus:
         _kill_and_check(kube_node, operator, kube, name, "w1-1", "SIGKILL", epoch=2, replaced=("w1-1",))
         _assert_scraped(prometheus, operator, name, {"world1": 1, "world2": 0})
     _wait_log(kube_node, operator, f"{name}-w1-0", "world1 rejoined at epoch 2")

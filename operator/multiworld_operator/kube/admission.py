@@ -20,7 +20,7 @@ from ..spec import SpecError, parse_manifest
 from ..spec.resource import API_GROUP, API_VERSION, PLURAL
 from .refusal import refusal_message
 from .webhook_secret import CertificateSecret, secret_name, secret_namespace
-from .webhook_tls import AdmissionServer, CaBundle
+from .webhook_tls import AdmissionServer, CaBundle, ServedCertificate
 
 # The handler's id is the path kopf's server routes to it: the webhook configuration calls
 # https://HOST:PORT/spec (a request to any other path is answered by no handler: allowed).
@@ -48,11 +48,14 @@ def validate(*, body: kopf.Body, old: kopf.Body | None = None, operation: str | 
         raise kopf.AdmissionError(refusal_message(error.problems), code=422) from None
 
 
-def enable(webhook: Webhook, settings: kopf.OperatorSettings, registry: kopf.OperatorRegistry) -> None:
-    """Serve the webhook with this operator: kopf's server (webhook_tls) and the handler."""
+def enable(webhook: Webhook, settings: kopf.OperatorSettings, registry: kopf.OperatorRegistry) -> ServedCertificate:
+    """Serve the webhook with this operator: kopf's server (webhook_tls) and the handler; the
+    certificate it serves, for the metrics to show too."""
     hostnames = [webhook.host, "localhost"]
     secret = CertificateSecret(secret_namespace(webhook.host), secret_name(webhook.configuration), hostnames)
-    settings.admission.server = AdmissionServer(webhook.port, CaBundle(webhook.configuration), secret)
+    served = ServedCertificate()
+    settings.admission.server = AdmissionServer(webhook.port, CaBundle(webhook.configuration), secret, served)
     kopf.on.validate(API_GROUP, API_VERSION, PLURAL, id=HANDLER_ID, operations=["CREATE", "UPDATE"], registry=registry)(
         validate
     )
+    return served

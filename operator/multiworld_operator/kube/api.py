@@ -95,6 +95,7 @@ class KubeApi:
         self.networking = client.NetworkingV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.authentication = client.AuthenticationV1Api(api)
+        self.authorization = client.AuthorizationV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
         self.timeout = timeout
         self.executor = executor
@@ -112,12 +113,21 @@ class KubeApi:
             raise
         return json.loads(response.data) if response.data else None
 
-    async def review_token(self, token: str, audience: str) -> dict[str, Any]:
-        """A TokenReview's status: whether the API server accepts `token` for `audience`, and
-        whose it is (user.username, user.extra)."""
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                "spec": {"token": token, "audiences": [audience]}}  # fmt: skip
+    async def review_token(self, token: str, audience: str | None) -> dict[str, Any]:
+        """A TokenReview's status: whether the API server accepts `token` for `audience` (None:
+        for the API server's own audiences), and whose it is (user.username, uid, groups, extra)."""
+        spec: dict[str, Any] = {"token": token} if audience is None else {"token": token, "audiences": [audience]}
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
         review = await self._call(self.authentication.create_token_review, body)
+        return dict(review.get("status") or {})
+
+    async def review_access(self, user: Mapping[str, Any], verb: str, path: str) -> dict[str, Any]:
+        """A SubjectAccessReview's status: whether `user` (a TokenReview's) may `verb` the
+        non-resource URL `path` (allowed, reason)."""
+        spec = {key: user[key] for key in ("uid", "groups", "extra") if user.get(key)}
+        spec.update(user=str(user.get("username", "")), nonResourceAttributes={"path": path, "verb": verb})
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+        review = await self._call(self.authorization.create_subject_access_review, body)
         return dict(review.get("status") or {})
 
     async def list_pods(self, namespace: str, label_selector: str) -> tuple[list[dict[str, Any]], str]:

@@ -27,6 +27,7 @@ from .channel_settings import ChannelSettings
 from .controller import Controller
 from .leadership import Leadership
 from .metrics import OperatorMetrics
+from .metrics_access import MAX_CHECKS, MetricsAccess
 from .world_key import world_key
 
 log = logging.getLogger(__name__)
@@ -78,13 +79,29 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     await memo.controller.start(channel)
     if memo.get("metrics_port") is not None:
-        port = metrics.serve(memo.metrics_port)
-        log.info("metrics at http://0.0.0.0:%d/metrics", port)
+        serve_metrics(metrics, memo)
     if lease is not None:
         # Its own threads: a renew must not queue behind the requests of large steps.
         api = KubeApi(api_client(), lease.request_timeout_s, ThreadPoolExecutor(2, "lease"), metrics.api_error)
         memo.leadership = Leadership(api, lease, memo.controller, on_lost=memo.lease_lost.set)
         memo.leadership.start()
+
+
+def serve_metrics(metrics: OperatorMetrics, memo: kopf.Memo) -> None:
+    """Serve the metrics on the memo's `metrics_port`: with `metrics_secure` (the default), over
+    TLS (the webhook's certificate where the memo's `certificate` serves one) to the bearer
+    tokens allowed `get` on /metrics, checked in threads of their own; else plain HTTP."""
+    if not memo.get("metrics_secure", True):
+        port = metrics.serve(memo.metrics_port)
+        log.warning("metrics at http://0.0.0.0:%d/metrics, to anyone who can connect", port)
+        return
+    checks = KubeApi(
+        api_client(), executor=ThreadPoolExecutor(MAX_CHECKS, "metrics-access"), on_error=metrics.api_error
+    )
+    port = metrics.serve(memo.metrics_port, MetricsAccess(checks))
+    if memo.get("certificate") is not None and metrics.server is not None:
+        memo.certificate.follow(metrics.server.use_certificate)
+    log.info("metrics at https://0.0.0.0:%d/metrics, to a bearer token allowed to get /metrics", port)
 
 
 @kopf.on.cleanup()
@@ -93,6 +110,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     if "leadership" in memo:
         await memo.leadership.stop()
     await memo.controller.stop()
+    memo.controller.metrics.close()
 
 
 @kopf.on.event(API_GROUP, API_VERSION, PLURAL)

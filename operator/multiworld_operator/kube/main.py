@@ -19,10 +19,12 @@ def run_operator(
     webhook: Webhook | None = None,
     lease: LeaseConfig | None = None,
     metrics_port: int | None = None,
+    metrics_secure: bool = True,
 ) -> int:
     """Serve MultiWorlds in `namespaces` (every namespace when empty) until SIGINT/SIGTERM;
     `liveness` (e.g. http://0.0.0.0:8080/healthz) serves kopf's health endpoint; `metrics_port`,
-    Prometheus metrics at /metrics (metrics.py); `webhook`, the
+    Prometheus metrics at /metrics (metrics.py; `metrics_secure`: over HTTPS to a bearer token
+    allowed to get /metrics, else plain HTTP to anyone); `webhook`, the
     validating admission webhook. With `lease`, act only while holding it; a lost Lease stops the
     operator with status 1, so that its pod restarts as a standby."""
     # Our handlers only wake reconcile loops: kopf's lines at INFO (a handler or an activity
@@ -32,8 +34,7 @@ def run_operator(
         for name in ("kopf", "aiohttp.access"):
             logging.getLogger(name).setLevel(logging.WARNING)
     settings = kopf.OperatorSettings()
-    if webhook is not None:
-        enable(webhook, settings, kopf.get_default_registry())
+    certificate = None if webhook is None else enable(webhook, settings, kopf.get_default_registry())
     lost = asyncio.Event()
     kopf.run(
         standalone=True,
@@ -41,7 +42,13 @@ def run_operator(
         namespaces=namespaces,
         liveness_endpoint=liveness,
         settings=settings,
-        memo=kopf.Memo(lease=lease, lease_lost=lost, metrics_port=metrics_port),
+        memo=kopf.Memo(
+            lease=lease,
+            lease_lost=lost,
+            metrics_port=metrics_port,
+            metrics_secure=metrics_secure,
+            certificate=certificate,
+        ),
         stop_flag=lost,
     )
     return 1 if lost.is_set() else 0

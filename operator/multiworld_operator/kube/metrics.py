@@ -3,7 +3,10 @@
 What a MultiWorld's status says (phases, epochs, ranks, restarts, spares, rollout) is read at
 scrape time from the statuses this replica knows (`StatusSource`), so a scrape always matches
 `kubectl get mw` and a deleted MultiWorld leaves no series behind; a standby replica shows them
-too, from its watch. What the status does not keep (each failure by reason, each recovery's
+too, from its watch. A status is validated once per change (a tenant may write its status: one
+it rewrites costs a validation per render, not per scrape), and the exposition is rendered at
+most once a second whoever scrapes (metrics_server.py, which serves it to a bearer token allowed
+`get` on /metrics). What the status does not keep (each failure by reason, each recovery's
 duration, each step's duration, each API error) is counted as it happens, by the replica that
 leads at the time: sum over replicas where one took over from another.
 """
@@ -14,13 +17,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
 from ..planner import MultiWorldStatus
 from ..planner.status import Phase, StatusView, WorldPhase
+from .metrics_access import MetricsAccess
+from .metrics_server import FRESH_S, MetricsServer
 
 Key = tuple[str, str]
 # From a failure seen to every rank back: a restart with no backoff takes seconds; backoffs and
@@ -110,14 +115,22 @@ class OperatorMetrics:
         )
         # The label sets counted per MultiWorld, so that a deleted one (or a removed world) leaves none.
         self._counted: dict[Key, set[tuple[str, str]]] = {}
+        self.server: MetricsServer | None = None
 
     def read_statuses_from(self, source: StatusSource) -> None:
         self.registry.register(_StatusCollector(source))
 
-    def serve(self, port: int) -> int:
-        """Serve /metrics on every address; the port listened on (`port` 0: a free one)."""
-        server, _ = start_http_server(port, registry=self.registry)
-        return int(server.server_port)
+    def serve(self, port: int, access: MetricsAccess | None = None, fresh_s: float = FRESH_S) -> int:
+        """Serve /metrics on every address, over TLS to the tokens `access` allows (None: plain
+        HTTP to anyone), rendered at most once per `fresh_s`; the port listened on (`port` 0: a
+        free one)."""
+        self.server = MetricsServer(lambda: generate_latest(self.registry), access, fresh_s)
+        return self.server.start("0.0.0.0", port)
+
+    def close(self) -> None:
+        """Stop serving."""
+        if self.server is not None:
+            self.server.close()
 
     def api_error(self, method_name: str, code: str) -> None:
         self.api_errors.labels(api_verb(method_name), code).inc()
@@ -157,6 +170,20 @@ class _StatusCollector(Collector):
 
     def __init__(self, source: StatusSource) -> None:
         self.source = source
+        # Per MultiWorld: the status last validated (the very object) and its view.
+        self._views: dict[Key, tuple[Mapping[str, Any] | None, StatusView | None]] = {}
+
+    def _validated(self) -> Iterator[tuple[Key, StatusView]]:
+        """Every status the source knows as a view, each validated once per change (a new
+        object: a write, a watch event) and forgotten with its MultiWorld."""
+        views = {}
+        for key, shown in self.source.statuses():
+            known = self._views.get(key)
+            views[key] = known if known is not None and known[0] is shown else (shown, _view(shown))
+        self._views = views
+        for key, (_, view) in views.items():
+            if view is not None:
+                yield key, view
 
     def collect(self) -> Iterator[Metric]:
         world_phase = GaugeMetricFamily(
@@ -191,10 +218,7 @@ class _StatusCollector(Collector):
             "While a rollout runs: the member's pods.",
             labels=["namespace", "multiworld", "member"],
         )
-        for (namespace, name), shown in self.source.statuses():
-            status = _view(shown)
-            if status is None:
-                continue
+        for (namespace, name), status in self._validated():
             for phase_name in get_args(Phase):
                 phase.add_metric([namespace, name, phase_name], float(status.phase == phase_name))
             for world_name, world in status.worlds.items():

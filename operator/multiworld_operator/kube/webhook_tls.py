@@ -43,7 +43,7 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 SETTLE_S = 2.0
 
 
-def _load(context: ssl.SSLContext, pair: CertificatePair) -> None:
+def load_pair(context: ssl.SSLContext, pair: CertificatePair) -> None:
     """Serve `pair` on `context` from the next handshake on (the ssl module reads only files;
     they live in /tmp for the moment it takes)."""
     with tempfile.TemporaryDirectory() as folder:
@@ -124,16 +124,40 @@ class CaBundle:
         return True
 
 
+class ServedCertificate:
+    """The certificate this replica's webhook serves, told to each follower as it changes: the
+    metrics server (metrics_server.py) shows the same one, which the chart's ServiceMonitor
+    trusts through the Secret's bundle."""
+
+    def __init__(self) -> None:
+        self.pair: CertificatePair | None = None
+        self._followers: list[Callable[[CertificatePair], None]] = []
+
+    def follow(self, follower: Callable[[CertificatePair], None]) -> None:
+        """Tell `follower` the certificate served now, if any, and every one after it."""
+        self._followers.append(follower)
+        if self.pair is not None:
+            follower(self.pair)
+
+    def serve(self, pair: CertificatePair) -> None:
+        self.pair = pair
+        for follower in self._followers:
+            follower(pair)
+
+
 class AdmissionServer:
     """`settings.admission.server`: kopf's server on `port` (every interface) with the
     certificate `secret` holds (for the name the API server calls it by, and for localhost: a
     caller on the same machine, an API server beside an operator run outside the cluster), its
-    bundle kept in `bundle`."""
+    bundle kept in `bundle`; what it serves is told to `served`."""
 
-    def __init__(self, port: int, bundle: CaBundle, secret: CertificateSecret) -> None:
+    def __init__(
+        self, port: int, bundle: CaBundle, secret: CertificateSecret, served: ServedCertificate | None = None
+    ) -> None:
         self.port = port
         self.bundle = bundle
         self.secret = secret
+        self.served = served or ServedCertificate()
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         owner = await self.bundle.owner_reference()
@@ -142,6 +166,7 @@ class AdmissionServer:
             await asyncio.sleep(SETTLE_S)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         server = _Server(held.serving, port=self.port, host=self.secret.hostnames[0], context=context)
+        self.served.serve(held.serving)
         # An async generator (kopf types it as an iterator): closed with this one, it stops serving.
         serving = cast("AsyncGenerator[kopf.WebhookClientConfig, None]", server(fn))
         async with contextlib.aclosing(serving) as configs:
@@ -154,7 +179,8 @@ class AdmissionServer:
                 if fresh.bundle != held.bundle:
                     await self.bundle.publish(fresh.bundle)
                 if fresh.serving != held.serving:
-                    _load(context, fresh.serving)
+                    load_pair(context, fresh.serving)
+                    self.served.serve(fresh.serving)
                 held = fresh
 
     async def _sync(self, owner: client.V1OwnerReference) -> Certificates:
