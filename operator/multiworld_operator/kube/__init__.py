@@ -28,7 +28,9 @@ status subresource, Events).
 - `status_writer`: the status subresource: the planner's view, a refusal, a failed step.
 - `events`: the Events on a MultiWorld, best effort, a recurring refusal posted once.
 - `metrics`: the Prometheus metrics (`--metrics-port`): the statuses read at scrape time, and
-  what steps count (failures, recoveries, step durations, API errors).
+  what steps count (failures, recoveries, step durations, API errors); `metrics_server` serves
+  them (a loop of its own, bounded connections, a render a second), over TLS to the tokens
+  `metrics_access` allows (a TokenReview and a SubjectAccessReview, the answers kept a while).
 - `reconcile`: one MultiWorld's reconcile step: observe, plan, execute, store.
 - `controller`: one reconcile loop per MultiWorld, woken by watch events, while this replica leads.
 - `leadership`: leader election on a Lease: which replica acts, and the leader label on its pod.

@@ -46,7 +46,8 @@ from .webhook_tls import load_pair
 log = logging.getLogger(__name__)
 
 KIB = 1 << 10
-MAX_CONNECTIONS = 64
+# Each TLS connection holds a 256 KiB buffer (asyncio's): 32 of them about 9 MiB.
+MAX_CONNECTIONS = 32
 MAX_PER_SOURCE = 4
 # Connections the kernel holds for the server to accept (a full queue drops new ones), and
 # how many it takes at once before serving those it holds again (each may close one held: the
