@@ -5,6 +5,8 @@ status of an invalid spec."""
 from __future__ import annotations
 
 import json
+import logging
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +19,7 @@ from multiworld.contract import (
     WorldEntry,
     WorldTable,
 )
+from multiworld_operator.kube import observe
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, pod_body
 from multiworld_operator.kube.observe import observe_pods, pod_addresses
 from multiworld_operator.kube.planner_memory import MEMORY_KEY, memory_body, read_memory
@@ -121,6 +124,26 @@ def test_observation_of_a_listing() -> None:
     assert seen.reports == [report]
     assert seen.present == {n: f"uid-{n}" for n in ("mw-a-1", "mw-a-0", "mw-b-0", "mw-b-1")}
     assert seen.terminating == {"mw-b-0"}
+
+
+def test_a_tenants_annotation_is_ignored_at_a_bounded_cost_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A tenant may write a pod's annotations (256 KiB of them) as often as it likes: a stamp that
+    is not ours is ignored; one longer than ours ever is is not even parsed; each is said once a
+    minute per pod, however often the pod is seen."""
+    huge = "[" + "1," * (observe.MAX_ANNOTATION // 2) + "1]"
+    versions = [
+        pod("mw-junk-0", annotations={CREATED_FOR_ANNOTATION: "not json"}, resourceVersion=str(n)) for n in range(50)
+    ] + [pod("mw-huge-0", annotations={CREATED_FOR_ANNOTATION: huge}, resourceVersion=str(n)) for n in range(50)]
+    with caplog.at_level(logging.WARNING, logger=observe.__name__):
+        started = time.perf_counter()
+        seen = [observe.see_pod(item, OWNER) for item in versions]
+        took = time.perf_counter() - started
+    assert all(p.observation is not None and p.observation.created_for == {} for p in seen)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert "pod mw-junk-0: ignoring annotation multiworld.io/created-for: " in said[0], said
+    assert said[1] == f"pods: pod mw-huge-0: ignoring annotation multiworld.io/created-for: {len(huge)} characters"
+    print(f"\n100 observations of pods with a junk or a {len(huge) // 1024} KiB stamp: {took * 1000:.1f} ms")
 
 
 def test_a_report_counts_only_from_a_rank_of_its_world_at_its_current_epoch() -> None:

@@ -21,10 +21,17 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from multiworld.contract import BrokenWorldReport, WorkerStatus
 
+from ..channel_server import QuietLog
 from ..planner import PodObservation, PodPhase
 from .bodies import CREATED_FOR_ANNOTATION, MEMBER_LABEL, ORDINAL_LABEL, PLAYS_LABEL
 
 log = logging.getLogger(__name__)
+
+# The operator's own annotation is at most 15.1 KiB (the pod in most worlds of the largest
+# accepted spec): a longer one is not ours, and is not parsed (a tenant may write 256 KiB).
+MAX_ANNOTATION = 64 * 1024
+# A tenant may write a pod's annotations as often as it likes: said once a minute per pod and key.
+_ignored = QuietLog("pods", log)
 
 _CREATED_FOR = TypeAdapter(dict[str, int])
 _PHASES: dict[str, PodPhase] = {
@@ -241,8 +248,11 @@ def _annotation(meta: ObjectMeta, key: str, shape: TypeAdapter[Any]) -> Any:
     raw = meta.annotations.get(key)
     if raw is None:
         return None
+    if len(raw) > MAX_ANNOTATION:
+        _ignored.warn((meta.uid, key), "pod %s: ignoring annotation %s: %d characters", meta.name, key, len(raw))
+        return None
     try:
         return shape.validate_json(raw)
     except ValidationError as error:
-        log.warning("pod %s: ignoring annotation %s: %s", meta.name, key, error)
+        _ignored.warn((meta.uid, key), "pod %s: ignoring annotation %s: %s", meta.name, key, error)
         return None
