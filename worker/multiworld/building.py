@@ -5,7 +5,9 @@ store), up to the op timeout, so a member that dies between the handshake and it
 would hold the others for that long. While a member builds, it ticks a counter of its own in
 the world's store (`<world>/<epoch>/building/<rank>`) and reads the others': one whose counter
 stands still for `dead_after` before it has built fails the join here, naming its rank and pod.
-A member that has built adds `BUILT` to its counter and is judged no more.
+Silence is measured as the heartbeats measure it (silence.py: on the watch's own clock, and
+confirmed by a second read). A member that has built adds `BUILT` to its counter and is judged
+no more.
 
 The build runs on a thread of its own, the watch on the joining thread; a build given up goes
 on in the background until it ends, and what it built then is discarded. No torch at import.
@@ -14,7 +16,6 @@ on in the background until it ends, and what it built then is discarded. No torc
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -22,6 +23,7 @@ from multiworld import shutdown
 from multiworld.contract import WorldAssignment
 from multiworld.detect_config import DetectConfig
 from multiworld.errors import JoinCancelled, WorldJoinError, short
+from multiworld.silence import JudgeClock, StillCounter
 
 T = TypeVar("T")
 
@@ -110,25 +112,34 @@ class BuildWatch:
         store = self._store
         for key in keys:
             self._call(store.add, key, 0)  # exists from now on: a read of it never waits
-        now = time.monotonic()
-        seen = dict.fromkeys(others, (b"", now))
+        clock = JudgeClock(self._tick)
+        start = clock.now()
+        seen = {r: StillCounter(start) for r in others}
         mine = tick_key(prefix, rank)
         while not outcome.done.wait(self._tick):
             if self._cancelled.is_set():
                 raise JoinCancelled(self._a.name)
             self._call(store.add, mine, 1)
-            now = time.monotonic()
-            for r, value in zip(others, self._call(store.multi_get, keys), strict=True):
-                if int(value) >= BUILT:
-                    continue
-                last, since = seen[r]
-                if value != last:
-                    seen[r] = (value, now)
-                elif now - since > self._dead_after:
-                    raise WorldJoinError(
-                        f"{self._what}: rank {r} (pod {self._pods[r] or '?'}) went silent for "
-                        f"{now - since:.1f}s while the world was being built"
-                    )
+            suspects = {r: seen[r] for r, still in self._read(clock, seen).items() if still > self._dead_after}
+            if suspects:  # a confirmation read
+                for r, still in self._read(clock, suspects).items():
+                    if still > self._dead_after:
+                        raise WorldJoinError(
+                            f"{self._what}: rank {r} (pod {self._pods[r] or '?'}) went silent for "
+                            f"{still:.1f}s while the world was being built"
+                        )
+
+    def _read(self, clock: JudgeClock, counters: dict[int, StillCounter]) -> dict[int, float]:
+        """Read the counters of these ranks: how long each that has not built stood still."""
+        prefix = self._a.store_prefix
+        sent = clock.now()
+        values = self._call(self._store.multi_get, [tick_key(prefix, r) for r in counters])
+        returned = clock.now()
+        return {
+            r: counter.see(value, sent, returned)
+            for (r, counter), value in zip(counters.items(), values, strict=True)
+            if int(value) < BUILT
+        }
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:

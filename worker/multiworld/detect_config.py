@@ -4,7 +4,8 @@
 2. Heartbeats per pair of processes, not per world (detector.py): rank 0 of a world (its store
    host) judges the other members' processes, and they judge it, through a small store the
    host's detector serves. A process whose counter stops moving for `dead_after` is dead in
-   every world of that host it is in.
+   every world of that host it is in (measured on the judge's own clock, which does not count
+   the judge's own pauses, and confirmed by a second read: silence.py).
 3. The abort key: the first member to reach a verdict writes it to the world's store and to
    its host's beat store, where the others read it on their next tick, so one verdict reaches
    every member within a tick.

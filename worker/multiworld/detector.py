@@ -16,7 +16,9 @@ world's store, under its secret), so no other process can name one.
 
 Every tick the host's detector thread bumps its own counter and reads `news` and the counters of
 the member processes of the worlds it hosts (one multi_get). A member process whose counter has
-not moved for a world's `dead_after` is dead in every world of that host it is in. A member
+not moved for a world's `dead_after` is dead in every world of that host it is in, silence being
+measured on the judge's own clock, so that a judge that was itself paused does not take its
+pause for the peer's silence, and confirmed by a second read (silence.py). A member
 process keeps one link (a thread with its own client) per host process: every tick it bumps its
 own counter and reads the host's counter and `news`. When `news` moves, the verdicts are read.
 A tick costs two requests on each side whatever the number of worlds two processes share, and a
@@ -24,7 +26,8 @@ world's requests per tick grow linearly with its ranks. Its own store is asked o
 happens there: verdicts, and now and then the newest epoch.
 
 A link stuck in a call to a frozen host is noticed by the detector thread, which does no remote
-I/O (its calls go to this process's own servers), and the worlds of that host break.
+I/O (its calls go to this process's own servers), and the worlds of that host break; the stuck
+time too is measured on the detector thread's own clock.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from multiworld import metrics
 from multiworld.detect_config import DetectConfig
 from multiworld.errors import StoreLost, short
 from multiworld.shutdown import start_thread
+from multiworld.silence import CONFIRM_YIELD_S, JudgeClock, StillCounter
 from multiworld.verdicts import Verdict, abort_key, epoch_key
 
 log = logging.getLogger(__name__)
@@ -90,12 +94,22 @@ class StoreLoad(BaseModel):
 
 
 class HeartbeatLoad(BaseModel):
-    """What a process's failure detection asked of stores since it started."""
+    """What a process's failure detection asked of stores since it started, and how near its
+    judges came to a verdict."""
 
     host_ticks: int = 0
     link_ticks: int = 0
     beat_stores: StoreLoad = StoreLoad()
     world_stores: StoreLoad = StoreLoad()
+    # The longest a judge of this process saw a peer's counter (or a call to a host) stand
+    # still, in seconds of its own clock (silence.py), verdicts included: where no peer failed,
+    # the margin left below dead_after.
+    longest_silence: float = 0.0
+    # Judge readings that came more than LATE_TICKS intervals after the previous one (the judge
+    # itself ran late; its gap was cut), and confirmation reads that found a counter moving
+    # after all (a verdict called off).
+    late_readings: int = 0
+    called_off: int = 0
 
 
 class _Counted:
@@ -242,21 +256,7 @@ class Watch:
             self.fail(f"superseded by epoch {current}", None, report=False)
 
 
-class _Counter:
-    """One process's heartbeat counter as another sees it: its last value and since when."""
-
-    __slots__ = ("value", "changed")
-
-    def __init__(self, now: float) -> None:
-        self.value: bytes | None = None
-        self.changed = now
-
-    def see(self, value: bytes, now: float) -> float:
-        """Record a reading; return how long the counter has not moved."""
-        if value != self.value:
-            self.value = value
-            self.changed = now
-        return now - self.changed
+_DEFAULT_INTERVAL: float = DetectConfig.model_fields["heartbeat_interval"].default
 
 
 class _Owner:
@@ -266,6 +266,8 @@ class _Owner:
     def __init__(self) -> None:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # The owner thread's own clock, by which it measures silences (silence.py).
+        self._clock = JudgeClock(_DEFAULT_INTERVAL)
         self._ending: list[Watch] = []
         self._ending_lock = threading.Lock()
         self._epoch_turn = 0
@@ -305,9 +307,6 @@ class _Owner:
             call(watches[self._epoch_turn].check_epoch)
 
 
-_DEFAULT_INTERVAL: float = DetectConfig.model_fields["heartbeat_interval"].default
-
-
 def _interval(watches: Sequence[Watch]) -> float:
     return min((w.interval for w in watches), default=_DEFAULT_INTERVAL)
 
@@ -331,8 +330,12 @@ class _Link(_Owner):
         # Joins that connected through this link and will watch their world here (or unpin).
         self.pins = 0
         self.abandoned = False
-        # Monotonic start of the call in flight (None between calls).
-        self._call_started: float | None = None
+        # The call in flight (None between calls): its number and its monotonic start.
+        self._in_call: tuple[int, float] | None = None
+        self._calls = 0
+        # On the detector's thread: the call it found in flight, and its start on that
+        # thread's clock.
+        self._stuck: tuple[int, float] | None = None
 
     def add(self, watch: Watch) -> None:
         """Under the detector's lock."""
@@ -345,10 +348,22 @@ class _Link(_Owner):
         else:
             self.wake()
 
-    def check_stall(self, now: float) -> None:
-        started, watches = self._call_started, self.watches
-        if started is not None and watches and now - started > min(w.dead_after for w in watches):
-            self._end(f"the world's store host did not answer for {now - started:.1f}s")
+    def check_stall(self, clock: JudgeClock, now: float) -> float:
+        """On the detector's thread, whose clock read `now`: how long the call in flight has
+        been stuck by that clock; past dead_after, confirmed after a yield to this link's
+        thread, every world of the host breaks here."""
+        in_call, watches = self._in_call, self.watches
+        if in_call is None or not watches:
+            self._stuck = None
+            return 0.0
+        if self._stuck is None or self._stuck[0] != in_call[0]:
+            self._stuck = (in_call[0], clock.since_wall(in_call[1]))
+        stuck = now - self._stuck[1]
+        if stuck > min(w.dead_after for w in watches):
+            time.sleep(CONFIRM_YIELD_S)  # this link's thread may have its answer already
+            if self._in_call == in_call:
+                self._end(f"the world's store host did not answer for {stuck:.1f}s")
+        return stuck
 
     def _end(self, reason: str) -> None:
         """The host is gone for this process: every world of it breaks here."""
@@ -357,11 +372,12 @@ class _Link(_Owner):
             watch.finish()
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        self._call_started = time.monotonic()
+        self._calls += 1
+        self._in_call = (self._calls, time.monotonic())
         try:
             return fn(*args)
         finally:
-            self._call_started = None
+            self._in_call = None
 
     def _run(self) -> None:
         try:
@@ -376,7 +392,8 @@ class _Link(_Owner):
         beats = self._beats
         assert beats is not None
         mine, theirs = beat_key(self._detector.token), beat_key(self.key[2])
-        host = _Counter(time.monotonic())
+        clock = self._clock
+        host = StillCounter(clock.now())
         news: bytes | None = None
         while not self.abandoned:
             # New watches join the others first, so that a stall in making their keys counts.
@@ -389,14 +406,20 @@ class _Link(_Owner):
             for watch in self._take_ending():
                 self._call(watch.settle, beats)
             watches = [w for w in watches if w._owner is self]
-            tick = _interval(watches)
+            tick = clock.interval = _interval(watches)
             self._sleep(tick)
             if not watches:
                 continue  # a join is about to watch its world here
             self._call(beats.add, mine, 1)
+            sent = clock.now()
             host_beat, now_news = self._call(beats.multi_get, [theirs, news_key(self.key[2])])
-            self._detector._count_tick(link=True)
-            silent = host.see(host_beat, time.monotonic())
+            silent = host.see(host_beat, sent, clock.now())
+            called_off = 0
+            if silent > min(w.dead_after for w in watches):  # a confirmation read first
+                sent = clock.now()
+                silent = host.see(self._call(beats.get, theirs), sent, clock.now())
+                called_off = int(silent == 0.0)
+            self._detector._count_tick(link=True, silence=silent, late=clock.take_late(), called_off=called_off)
             if silent > 2 * tick:  # a beat missed, or more: each world judges by its own settings
                 for watch in watches:
                     watch.judge(0, silent)
@@ -425,7 +448,7 @@ class Detector(_Owner):
         self._hosted: list[Watch] = []
         self._fresh: list[Watch] = []  # hosted watches whose keys are not made yet
         self._links: dict[tuple[str, int, str], _Link] = {}
-        self._counters: dict[str, _Counter] = {}
+        self._counters: dict[str, StillCounter] = {}
         # The member processes of the hosted worlds: their tokens, and the worlds of each.
         self._members: dict[str, list[Watch]] = {}
         self._news: bytes | None = None
@@ -529,12 +552,16 @@ class Detector(_Owner):
     def _counted(self, store: HeartbeatStore, load: StoreLoad, token: str = "") -> _Counted:
         return _Counted(store, load, self._load_lock, token)
 
-    def _count_tick(self, *, link: bool) -> None:
+    def _count_tick(self, *, link: bool, silence: float = 0.0, late: int = 0, called_off: int = 0) -> None:
         with self._load_lock:
+            load = self._load
             if link:
-                self._load.link_ticks += 1
+                load.link_ticks += 1
             else:
-                self._load.host_ticks += 1
+                load.host_ticks += 1
+            load.longest_silence = max(load.longest_silence, silence)
+            load.late_readings += late
+            load.called_off += called_off
 
     def _take_new(self, link: _Link) -> list[Watch]:
         with self._lock:
@@ -601,11 +628,13 @@ class Detector(_Owner):
                 self._stop_serving()
             return False
         self._host(fresh)
-        self._tick = _interval(self._hosted + [w for link in links for w in link.watches])
+        self._tick = self._clock.interval = _interval(self._hosted + [w for link in links for w in link.watches])
         self._sleep(self._tick)
-        now = time.monotonic()
-        for link in links:
-            link.check_stall(now)
+        now = self._clock.now()
+        stuck = max((link.check_stall(self._clock, now) for link in links), default=0.0)
+        with self._load_lock:
+            self._load.longest_silence = max(self._load.longest_silence, stuck)
+            self._load.late_readings += self._clock.take_late()
         return True
 
     def _host(self, fresh: list[Watch]) -> None:
@@ -621,7 +650,7 @@ class Detector(_Owner):
             for token in watch.ranks:
                 beats.add(beat_key(token), 0)
                 if token not in self._members:
-                    self._counters[token] = _Counter(time.monotonic())  # new to this host
+                    self._counters[token] = StillCounter(self._clock.now())  # new to this host
         ending = self._take_ending()
         for watch in ending:
             watch.settle(beats)
@@ -635,13 +664,27 @@ class Detector(_Owner):
             self._counters = {t: c for t, c in self._counters.items() if t in self._members}
         if not self._hosted:
             return
-        tokens = list(self._members)
+        tokens, clock = list(self._members), self._clock
         beats.add(beat_key(self.token), 1)
+        sent = clock.now()
         values = beats.multi_get([news_key(self.token)] + [beat_key(t) for t in tokens])
-        self._count_tick(link=False)
-        now = time.monotonic()
-        for token, value in zip(tokens, values[1:], strict=True):
-            silent = self._counters.setdefault(token, _Counter(now)).see(value, now)
+        returned = clock.now()
+        silences = {
+            token: self._counters.setdefault(token, StillCounter(sent)).see(value, sent, returned)
+            for token, value in zip(tokens, values[1:], strict=True)
+        }
+        # A confirmation read before any verdict (silence.py).
+        suspects = [t for t, s in silences.items() if s > min(w.dead_after for w in self._members[t])]
+        if suspects:
+            sent = clock.now()
+            again = beats.multi_get([beat_key(t) for t in suspects])
+            returned = clock.now()
+            for token, value in zip(suspects, again, strict=True):
+                silences[token] = self._counters[token].see(value, sent, returned)
+        called_off = sum(silences[t] == 0.0 for t in suspects)
+        longest = max(silences.values(), default=0.0)
+        self._count_tick(link=False, silence=longest, called_off=called_off)
+        for token, silent in silences.items():
             worlds = self._members[token]
             if silent > 2 * min(w.interval for w in worlds):  # as in _Link._loop
                 for watch in worlds:
