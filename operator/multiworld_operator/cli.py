@@ -86,19 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         type=_non_negative,
         metavar="SECONDS",
-        help="when the matching --kill happens: seconds after every world first ran with its warm spares ready",
+        help="when the matching --kill happens: seconds after every world first ran",
     )
     run.add_argument(
         "--chaos",
         type=_non_negative,
         default=0.0,
         metavar="KILLS_PER_MINUTE",
-        help="kill random members at this average rate, once every world ran (spares ready)",
+        help="kill random members at this average rate, once every world ran",
     )
     run.add_argument(
         "--suspend",
         metavar="AFTER:FOR",
-        help="set spec.suspend for FOR seconds, AFTER seconds after every world first ran (spares ready): every member "
+        help="set spec.suspend for FOR seconds, AFTER seconds after every world first ran: every member "
         "stops, and each world comes back at its next epoch",
     )
     run.add_argument("--seed", type=int, help="random seed for --chaos and random ordinals")

@@ -161,12 +161,6 @@ class LocalRunner:
             return True
         return self.pods.all_succeeded()
 
-    def _up(self) -> bool:
-        """Every world runs and every warm spare asked for is ready ("<ready>/<wanted>")."""
-        if self.status is None or self.status.phase != "Running":
-            return False
-        return all(ready == wanted for ready, _, wanted in (s.partition("/") for s in self.status.spares.values()))
-
     def _recovered(self, fault_clock: float) -> bool:
         """Every fault asked for happened, was seen, and every world runs again."""
         assert self.status is not None
@@ -189,9 +183,9 @@ class LocalRunner:
                 elapsed = time.monotonic() - started
                 if self.duration is not None and elapsed >= self.duration:
                     break
-                # Faults are timed from when every world first ran with its warm spares ready: a
-                # kill during start-up would only test the rendezvous (or a spare's start).
-                if self.up_since is None and self._up():
+                # Faults are timed from when every world first ran: a kill during start-up
+                # would only test the rendezvous.
+                if self.up_since is None and self.status is not None and self.status.phase == "Running":
                     self.up_since = time.monotonic()
                 fault_clock = time.monotonic() - self.up_since if self.up_since is not None else -1.0
                 for kill in self.faults.due(fault_clock):
