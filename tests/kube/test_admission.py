@@ -80,6 +80,7 @@ class Release:
         kubeconfig = self.cluster.serviceaccount_kubeconfig(self.namespace, self.fullname)
         plain = {e["name"]: e["value"] for e in container["env"] if "value" in e}  # the downward API's: none here
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), **plain, ENV_CHANNEL_PORT: "0"}
+        env["POD_NAMESPACE"] = self.namespace  # the release's, where the world key's Secret is (world_key.py)
         entrypoint = [str(Path(sys.executable).parent / "multiworld"), "operator"]
         log_path = self.folder / f"operator-{uuid.uuid4().hex[:6]}.log"
         port = int(container["args"][container["args"].index("--webhook-port") + 1])

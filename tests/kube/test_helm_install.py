@@ -213,13 +213,14 @@ def test_install_refuses_bad_values_and_creates_nothing(kube_cluster: Cluster, n
 @contextmanager
 def operator_process(kube_cluster: Cluster, namespace: str, fullname: str, log_path: Path) -> Iterator[int]:
     """`multiworld operator` with the args and env of the chart's Deployment, authenticated only
-    by the chart's operator ServiceAccount; yields its health port. The downward API's variables
-    have no value outside a pod: the operator then names itself on the Lease by host and pid."""
+    by the chart's operator ServiceAccount; yields its health port. Of the downward API's
+    variables, POD_NAMESPACE is the release's (where the world key's Secret is); POD_NAME has
+    none outside a pod: the operator then names itself on the Lease by host and pid."""
     with kube_cluster.api_client() as api:
         container = operator_container(api, fullname, namespace)
     kubeconfig = kube_cluster.serviceaccount_kubeconfig(namespace, fullname)
     plain = {e.name: e.value for e in container.env if e.value_from is None}
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **plain}
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), **plain, "POD_NAMESPACE": namespace}
     entrypoint = [str(Path(sys.executable).parent / "multiworld"), "operator"]
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(entrypoint + container.args, env=env, stdout=log_file, stderr=subprocess.STDOUT)
