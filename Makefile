@@ -80,19 +80,23 @@ kube-binaries: packages
 
 # The operator and worker images (multiworld/{operator,worker}:dev), built from the Dockerfile with
 # a private dockerd and cached in ~/.cache/multiworld/images/ (root; a few minutes when cold),
-# then loaded into the running `make cluster` node's containerd, if there is one.
-IMAGES_CONTAINERD := .cluster/node/containerd/containerd.sock
+# then loaded into the containerd of every node of the running `make cluster`, if there is one.
+LOAD_IMAGES = for socket in .cluster/node/containerd/containerd.sock .cluster/node-*/containerd/containerd.sock; do \
+	  if [ -S $$socket ]; then \
+	  $(PYTHON) -m tests.cluster.images load --address $$socket >&2 || exit 1; loaded=1; fi; done
 images: packages kube-binaries
 	@started=$$(date +%s) && $(PYTHON) -m tests.cluster.images build >/dev/null && $(call took,images)
-	@if [ -S $(IMAGES_CONTAINERD) ]; then $(PYTHON) -m tests.cluster.images load --address $(IMAGES_CONTAINERD); \
-	else echo "images built and cached; \`make cluster\` loads them into its node"; fi
+	@loaded=0; $(LOAD_IMAGES); \
+	if [ $$loaded = 0 ]; then echo "images built and cached; \`make cluster\` loads them into its nodes"; fi
 
-# A local cluster in .cluster/ for trying it: eval "$$(make -s cluster)". One real node (kubelet,
-# containerd, pod network, cluster DNS) with our images loaded; NODES=0: the control plane alone.
+# A local cluster in .cluster/ for trying it: eval "$$(make -s cluster)". NODES real nodes (1 to 3;
+# each a kubelet, containerd and kube-proxy in network and mount namespaces of its own, with its
+# own address and pod network, routed to the others; cluster DNS) with our images loaded in each;
+# NODES=0: the control plane alone. Faults: python3 -m tests.cluster.cluster power-off|partition|heal NODE.
 NODES ?= 1
 cluster: kube-binaries
 	@$(PYTHON) -m tests.cluster.cluster up --nodes $(NODES)
-	@if [ "$(NODES)" != 0 ]; then $(PYTHON) -m tests.cluster.images load --address $(IMAGES_CONTAINERD) >&2; fi
+	@loaded=0; $(LOAD_IMAGES)
 
 cluster-down:
 	@$(PYTHON) -m tests.cluster.cluster down

@@ -182,7 +182,8 @@ def process_start(cluster: Any, pod: client.V1Pod) -> float:
     """Wall-clock start of the container's process: its /proc start time (in clock ticks since
     boot), placed on the wall clock through CLOCK_BOOTTIME."""
     container = support.container_id(pod)
-    for line in cluster.node.ctr(["tasks", "ls"], "listing tasks").splitlines()[1:]:
+    assert pod.spec is not None
+    for line in cluster.node_named(pod.spec.node_name).ctr(["tasks", "ls"], "listing tasks").splitlines()[1:]:
         words = line.split()
         if words and words[0] == container:
             ticks = int(Path(f"/proc/{words[1]}/stat").read_text().rsplit(")", 1)[1].split()[19])
@@ -403,14 +404,16 @@ def node_cluster(given: Path | None) -> Iterator[Any]:
         cluster = cluster_module.Cluster(given)
         if "kubelet" not in cluster.running_components():
             raise SystemExit(f"--cluster {given}: no node runs there (`make cluster` starts one)")
-        images.load_images(str(cluster.node.socket))
+        for node in cluster.nodes:
+            images.load_images(str(node.socket))
         yield cluster
         return
     with tempfile.TemporaryDirectory(prefix="mw-bench-node-") as folder:
         cluster = cluster_module.Cluster(Path(folder))
         cluster.start(cluster_module.find_binaries(), detach=False, nodes=1)
         try:
-            images.load_images(str(cluster.node.socket))
+            for node in cluster.nodes:
+                images.load_images(str(node.socket))
             yield cluster
         finally:
             cluster.stop()

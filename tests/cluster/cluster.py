@@ -1,26 +1,33 @@
 """A real, local Kubernetes cluster: etcd, kube-apiserver, kube-controller-manager and, with
-`--nodes 1`, one real node (node.py: containerd, kubelet, kube-scheduler, kube-proxy, pod
-network, cluster DNS).
+`--nodes N` (1 to 3), N real nodes (node.py: each a kubelet, containerd and kube-proxy in
+namespaces of its own, with its own address and pod network, routed to the others) and what
+they share on the host (node_host.py: the node bridge, kube-scheduler, cluster DNS).
 
 The control plane listens on ports picked free at start, so several control planes can run side
 by side; without a node it serves on loopback and Pods stay Pending unless someone writes their
-status. With a node it serves on the host's address, which pods reach; one node runs per machine.
+status. With nodes it serves on the host's address, which nodes and pods reach; one set of
+nodes runs per machine.
 
 From the repository root (standard library only: any Python 3.11 runs it):
 
     python3 -m tests.cluster.cluster up     # start in .cluster/, write .cluster/kubeconfig
-    python3 -m tests.cluster.cluster up --nodes 0   # the control plane alone
+    python3 -m tests.cluster.cluster up --nodes 3   # three nodes; --nodes 0: the control plane alone
     python3 -m tests.cluster.cluster env    # print `export KUBECONFIG=...` and PATH with kubectl
     python3 -m tests.cluster.cluster down   # stop (apiserver before etcd)
     python3 -m tests.cluster.cluster binaries  # resolve or build the binaries, print their paths
+    python3 -m tests.cluster.cluster power-off NODE  # network cut, then its daemons and pods killed
+    python3 -m tests.cluster.cluster partition NODE  # network cut, everything on it left running
+    python3 -m tests.cluster.cluster heal NODE       # network back; a powered-off node started again
 
-Tests and benches import it as `tests.cluster.cluster` and use `find_binaries`, `Cluster`,
-`ClusterError`, `wait_for` and `api_client_for`.
+NODE is a node's name (multiworld-node, multiworld-node-2, ...) or number (1, 2, ...).
+Tests and benches import it as `tests.cluster.cluster` and use `find_binaries`, `Cluster` (its
+`power_off`, `partition` and `heal` among them), `ClusterError`, `wait_for` and `api_client_for`.
 """
 
 from __future__ import annotations
 
 import argparse
+import calendar
 import ctypes
 import functools
 import json
@@ -41,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tests.cluster.node import DAEMONS, NAME as NODE_NAME, Node, NodeBinaries, NodeError, node_ip
+from tests.cluster.node import DAEMONS as NODE_DAEMONS, MAX_NODES, Node, NodeBinaries, NodeError
+from tests.cluster.node_host import DAEMONS as HOST_DAEMONS, NodeHost, host_ip, node_folder, nodes_in
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -59,10 +67,9 @@ SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc"
 SERVICE_CLUSTER_IP = "10.96.0.1"  # the `kubernetes` Service
 ADMIN_USER = "admin"
-NODE_USER = f"system:node:{NODE_NAME}"
-# Stop order: the node first (its daemons in reverse start order), then the control plane; the
-# apiserver keeps retrying etcd for about a minute if etcd goes first.
-STOP_ORDER = (*reversed(DAEMONS), "kube-controller-manager", "kube-apiserver", "etcd")
+# The control plane stops last, the apiserver before etcd (it keeps retrying etcd for about a
+# minute if etcd goes first).
+CONTROL_PLANE = ("kube-controller-manager", "kube-apiserver", "etcd")
 
 
 class ClusterError(RuntimeError):
@@ -185,39 +192,58 @@ class Cluster:
         self.logs = self.directory / "logs"
         self.admin_token = ""
         self.has_controller_manager = False
-        # The node's address when this cluster runs a node (the control plane serves there too).
-        self.node_ip: str | None = None
-        self.node = Node(self.directory / "node", "")
+        # The host's address when this cluster runs nodes: the control plane serves them there.
+        self.host_ip: str | None = None
+        # The nodes its folder holds (a stopped cluster's too, for `down`).
+        self.nodes: list[Node] = nodes_in(self.directory)
+        self.node_host = NodeHost(self.directory, self.nodes)
+        self._node_tokens: dict[str, str] = {}
         self._detach = False
         # Handles of the processes this object started (reaped on stop); `down` from another
         # process works from the pid files alone.
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
+    @property
+    def node(self) -> Node:
+        """The first node (the only one of a one-node cluster)."""
+        return self.nodes[0] if self.nodes else Node(node_folder(self.directory, 1))
+
+    def node_named(self, which: str | int) -> Node:
+        """A node by its name or number (1, 2, ...)."""
+        for node in self.nodes:
+            if str(which) in (node.name, str(node.index)):
+                return node
+        raise ClusterError(f"no node {which!r} in {self.directory} (nodes: {', '.join(n.name for n in self.nodes)})")
+
     # ---- start -------------------------------------------------------------------------------
 
     def start(self, binaries: Binaries, *, detach: bool, nodes: int = 0, timeout: float = 60.0) -> None:
         """Start etcd, kube-apiserver and (if available) kube-controller-manager; wait for ready;
-        then, with nodes=1, the node, until it is Ready and cluster DNS answers.
+        then `nodes` nodes, until each is Ready and cluster DNS answers.
 
         Ready means /readyz answers 200 and, with a controller-manager, the `default`
         ServiceAccount exists (its controllers run, so Pods can be admitted).
         detach=False ties the processes to the calling thread (they get SIGTERM if it ends);
         detach=True leaves them running after the caller exits (`make cluster`).
         """
-        if nodes not in (0, 1):
-            raise ClusterError(f"nodes must be 0 or 1 (one node per machine), got {nodes}")
+        if not 0 <= nodes <= MAX_NODES:
+            raise ClusterError(f"nodes must be 0 to {MAX_NODES}, got {nodes}")
         running = self.running_components()
         if running:
             raise ClusterError(f"a cluster already runs in {self.directory} ({', '.join(running)})")
         self._reset_directory()
         self._detach = detach
         self.has_controller_manager = binaries.kube_controller_manager is not None
-        if nodes:
-            self.require_controller_manager("a node (ServiceAccount tokens for its pods)")
-            self.node_ip = node_ip()
-            self.node = Node(self.directory / "node", self.node_ip)
         started = time.monotonic()
         try:
+            if nodes:
+                self.require_controller_manager("a node (ServiceAccount tokens for its pods)")
+                try:
+                    self.host_ip = host_ip()
+                except NodeError as error:
+                    raise ClusterError(str(error)) from error
+                self.nodes = nodes_in(self.directory, self.host_ip, nodes)
+                self.node_host = NodeHost(self.directory, self.nodes, self.host_ip)
             self._make_credentials()
             etcd_url = self._start_etcd(binaries.etcd)
             self._start_apiserver(binaries, etcd_url)
@@ -235,37 +261,45 @@ class Cluster:
                     timeout,
                 )
             if nodes:
-                self._start_node(find_node_binaries(), started, timeout + 120.0)
+                self._start_nodes(find_node_binaries(), started, timeout + 120.0 * nodes)
         except BaseException:
             self.stop()
             raise
         log.info("ready in %.1f s: KUBECONFIG=%s", time.monotonic() - started, self.kubeconfig)
 
-    def _start_node(self, binaries: NodeBinaries, started: float, timeout: float) -> None:
+    def _start_nodes(self, binaries: NodeBinaries, started: float, timeout: float) -> None:
         try:
             self._start_node_daemons(binaries, started, timeout)
         except NodeError as error:
             raise ClusterError(str(error)) from error
 
     def _start_node_daemons(self, binaries: NodeBinaries, started: float, timeout: float) -> None:
-        node = self.node
-        node.claim_host()
-        node.write_configs()
-        commands = node.commands(binaries, self.kubeconfig, self.node_kubeconfig)
-        for daemon in DAEMONS:
-            self._spawn(daemon, commands[daemon])
-            if daemon == "containerd":
-                node.wait_for_runtime(self.check_alive)
-                node.import_pause_image(binaries.pause)
-        self._wait_until(f"node {NODE_NAME} to be Ready", f"/api/v1/nodes/{NODE_NAME}", started, timeout,
-                         accept=_node_ready)  # fmt: skip
+        host = self.node_host
+        host.claim_host()
+        host.plug()
+        for node in self.nodes:
+            node.write_configs()
+            self._spawn(node.daemon("containerd"), node.commands(binaries, self.kubeconfig)["containerd"], node)
+        for node in self.nodes:
+            self._serve_runtime(node, binaries)
+        host_commands = host.commands(binaries, self.kubeconfig)
+        for daemon in HOST_DAEMONS[:-1]:
+            self._spawn(daemon, host_commands[daemon])
+        for node in self.nodes:
+            commands = node.commands(binaries, self.kubeconfig)
+            for daemon in NODE_DAEMONS[1:]:
+                self._spawn(node.daemon(daemon), commands[daemon], node)
+        self._spawn(HOST_DAEMONS[-1], host_commands[HOST_DAEMONS[-1]])
+        for node in self.nodes:
+            self._wait_until(f"node {node.name} to be Ready", f"/api/v1/nodes/{node.name}", started, timeout,
+                             accept=_node_ready)  # fmt: skip
         self._wait_until("the `kubernetes` Service's endpoints", "/api/v1/namespaces/default/endpoints/kubernetes",
                          started, timeout, accept=lambda body: bool(body.get("subsets")))  # fmt: skip
 
         # The DNS feed has run once and dnsmasq serves it.
         def dns_answers() -> bool:
             self.check_alive()
-            return node.resolves("kubernetes.default.svc.cluster.local")
+            return host.resolves("kubernetes.default.svc.cluster.local")
 
         wait_for(
             "cluster DNS to answer for kubernetes.default.svc",
@@ -273,13 +307,16 @@ class Cluster:
             max(1.0, started + timeout - time.monotonic()),
         )
 
-    @property
-    def node_kubeconfig(self) -> Path:
-        return self.directory / "node-kubeconfig"
+    def _serve_runtime(self, node: Node, binaries: NodeBinaries) -> None:
+        """Once the node's containerd serves: no container left from an earlier run, the pause image."""
+        node.wait_for_runtime(self.check_alive)
+        node.remove_pods()
+        node.import_pause_image(binaries.pause)
 
     def _reset_directory(self) -> None:
-        for stale in ("etcd-data", "pki", "logs", "node"):
-            shutil.rmtree(self.directory / stale, ignore_errors=True)
+        stale = ["etcd-data", "pki", "logs", "dns", *(node_folder(Path(), i).name for i in range(1, MAX_NODES + 1))]
+        for name in stale:
+            shutil.rmtree(self.directory / name, ignore_errors=True)
         self.logs.mkdir(parents=True)
         (self.directory / "pki").mkdir(mode=0o700)
 
@@ -295,8 +332,8 @@ class Cluster:
             "DNS:kubernetes.default.svc",
             "DNS:kubernetes.default.svc.cluster.local",
         ]
-        if self.node_ip:
-            names.append(f"IP:{self.node_ip}")
+        if self.host_ip:
+            names.append(f"IP:{self.host_ip}")
         subprocess.run(
             [
                 # EC, not RSA: key generation is instant instead of up to a second.
@@ -309,17 +346,26 @@ class Cluster:
             check=True, capture_output=True,
         )  # fmt: skip
         self.admin_token = secrets.token_hex(24)
-        node_token = secrets.token_hex(24)
+        # One credential per kubelet: the Node authorizer lets each change its own Node only.
+        self._node_tokens = {node.user: secrets.token_hex(24) for node in self.nodes}
         tokens = self.directory / "pki" / "tokens.csv"
         tokens.write_text(
             f'{self.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
-            f'{node_token},{NODE_USER},{NODE_USER},"system:nodes"\n'
+            + "".join(f'{token},{user},{user},"system:nodes"\n' for user, token in self._node_tokens.items())
         )
         tokens.chmod(0o600)
-        self._node_token = node_token
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        with open(self.logs / f"{name}.log", "wb") as log_file:
+    def _spawn(self, name: str, argv: list[str], node: Node | None = None) -> None:
+        """Start daemon `name` (in `node`'s namespaces, for a node's daemon); its pid file records it."""
+        detach = self._detach
+
+        def prepare() -> None:
+            if node is not None:
+                node.enter()
+            if not detach:
+                _die_with_parent()
+
+        with open(self.logs / f"{name}.log", "ab") as log_file:
             process = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -329,7 +375,7 @@ class Cluster:
                 env={**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"},
                 # Own session: a Ctrl-C in the terminal does not kill them out of order.
                 start_new_session=True,
-                preexec_fn=None if self._detach else _die_with_parent,
+                preexec_fn=None if detach and node is None else prepare,
                 cwd=self.directory,
             )
         self._processes[name] = process
@@ -355,12 +401,12 @@ class Cluster:
     def _start_apiserver(self, binaries: Binaries, etcd_url: str) -> None:
         port = free_port()
         pki = self.directory / "pki"
-        address = self.node_ip or "127.0.0.1"
+        address = self.host_ip or "127.0.0.1"
         argv = [
             str(binaries.kube_apiserver),
             f"--etcd-servers={etcd_url}",
             # With a node, pods reach the API server on the host's address.
-            f"--bind-address={'0.0.0.0' if self.node_ip else '127.0.0.1'}",
+            f"--bind-address={'0.0.0.0' if self.host_ip else '127.0.0.1'}",
             f"--advertise-address={address}",
             f"--secure-port={port}",
             f"--cert-dir={pki}",
@@ -376,7 +422,7 @@ class Cluster:
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             # With a node, the `kubernetes` Service's endpoints point at this server (pods use it);
             # without one nothing reads them.
-            f"--endpoint-reconciler-type={'lease' if self.node_ip else 'none'}",
+            f"--endpoint-reconciler-type={'lease' if self.host_ip else 'none'}",
             # `kubectl logs` reaches the kubelet by the node's address, not its name.
             "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
@@ -392,7 +438,9 @@ class Cluster:
         self._spawn("kube-apiserver", argv)
         server = f"https://{address}:{port}"
         write_kubeconfig(self.kubeconfig, server, self.ca_file, ADMIN_USER, self.admin_token)
-        write_kubeconfig(self.node_kubeconfig, server, self.ca_file, NODE_USER, self._node_token)
+        for node in self.nodes:
+            node.directory.mkdir(parents=True, exist_ok=True)
+            write_kubeconfig(node.kubeconfig, server, self.ca_file, node.user, self._node_tokens[node.user])
 
     def _start_controller_manager(self, binary: Path) -> None:
         argv = [
@@ -420,8 +468,11 @@ class Cluster:
         """Poll GET `path` as admin until it answers 200 with a body `accept` likes, logging
         progress every second."""
         context = ssl.create_default_context(cafile=str(self.ca_file))
-        server = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        request = urllib.request.Request(server + path, headers={"Authorization": f"Bearer {self.admin_token}"})
+        # The kubeconfig's: a Cluster object of another process than the one that started it
+        # (a fault from the command line) has no token of its own.
+        config = json.loads(self.kubeconfig.read_text())
+        server, token = config["clusters"][0]["cluster"]["server"], config["users"][0]["user"]["token"]
+        request = urllib.request.Request(server + path, headers={"Authorization": f"Bearer {token}"})
         deadline = started + timeout
         last_report = time.monotonic()
         reason = "not serving yet"
@@ -479,22 +530,35 @@ class Cluster:
             return process.poll() is None  # also reaps it once it has exited
         return _pid_alive(pid, program)
 
+    def _stop_order(self) -> list[tuple[str, Node | None]]:
+        """Every daemon with its node: the scheduler, each node's kubelet and kube-proxy, the
+        host's proxy and DNS, each node's containerd (its pods removed first), the control plane."""
+        nodes = list(reversed(self.nodes))
+        order: list[tuple[str, Node | None]] = [(HOST_DAEMONS[-1], None)]
+        order += [(node.daemon(daemon), node) for node in nodes for daemon in reversed(NODE_DAEMONS[1:])]
+        order += [(daemon, None) for daemon in reversed(HOST_DAEMONS[:-1])]
+        order += [(node.daemon(NODE_DAEMONS[0]), node) for node in nodes]
+        return order + [(daemon, None) for daemon in CONTROL_PLANE]
+
+    def _component_dead(self, name: str) -> bool:
+        return not self._component_alive(name)
+
     def running_components(self) -> list[str]:
-        return [name for name in STOP_ORDER if self._component_alive(name)]
+        return [name for name, _ in self._stop_order() if self._component_alive(name)]
 
     def stop(self, timeout: float = 20.0) -> None:
-        """Stop every component, the node first and the apiserver before etcd; SIGKILL what
-        outlives `timeout`; then undo the node's changes to the host."""
-        for name in STOP_ORDER:
-            if name == "containerd":
-                self.node.remove_pods()
+        """Stop every component, the nodes first and the apiserver before etcd; SIGKILL what
+        outlives `timeout`; then undo the nodes' changes to the host."""
+        for name, node in self._stop_order():
+            if node is not None and name == node.daemon("containerd"):
+                node.remove_pods()
             recorded = self._pid(name)
             if recorded is not None and self._component_alive(name):
                 self._terminate(name, recorded[0], timeout)
             (self.directory / f"{name}.pid").unlink(missing_ok=True)
         self._processes.clear()
-        if self.node.directory.exists():
-            self.node.cleanup_host()
+        if self.nodes:
+            self.node_host.cleanup_host()
         # etcd preallocates 64 MB of WAL; a stopped cluster's data is never reused. Logs stay.
         shutil.rmtree(self.directory / "etcd-data", ignore_errors=True)
 
@@ -509,6 +573,64 @@ class Cluster:
         os.kill(pid, signal.SIGKILL)
         if name in self._processes:
             self._processes[name].wait()
+
+    # ---- faults -------------------------------------------------------------------------------
+
+    def partition(self, which: str | int) -> Node:
+        """Cut the node off the network (every packet in and out dropped in its namespace:
+        peers hear silence); everything on it keeps running."""
+        node = self.node_named(which)
+        node.cut()
+        return node
+
+    def power_off(self, which: str | int) -> Node:
+        """The node's network cut first (so nothing it sends while dying gets out: peers hear
+        silence, not resets), then its kubelet, kube-proxy, containerd, shims and every process of
+        its pods SIGKILLed. Its pods stay as they are in the API (Running) until Kubernetes or the
+        operator acts."""
+        node = self.node_named(which)
+        node.cut()
+        for daemon in reversed(NODE_DAEMONS):
+            name = node.daemon(daemon)
+            recorded = self._pid(name)
+            if recorded is not None and self._component_alive(name):
+                os.kill(recorded[0], signal.SIGKILL)
+                wait_for(f"{name} killed", functools.partial(self._component_dead, name), 10.0)
+            process = self._processes.pop(name, None)
+            if process is not None:
+                process.wait()
+            (self.directory / f"{name}.pid").unlink(missing_ok=True)
+        node.kill_workloads()
+        return node
+
+    def powered_off(self, which: str | int) -> bool:
+        node = self.node_named(which)
+        return not any(self._component_alive(node.daemon(daemon)) for daemon in NODE_DAEMONS)
+
+    def heal(self, which: str | int, *, detach: bool | None = None, timeout: float = 120.0) -> Node:
+        """The node's network back; a powered-off node's containerd, kube-proxy and kubelet
+        started again (detached from this process with `detach`, as `up` started them), and
+        waited for until its Node reports Ready after the restart."""
+        node = self.node_named(which)
+        try:
+            node.mend()
+            if not self.powered_off(node.name):
+                return node
+            if detach is not None:
+                self._detach = detach
+            binaries = find_node_binaries()
+            commands = node.commands(binaries, self.kubeconfig)
+            restarted = time.time()
+            started = time.monotonic()
+            for daemon in NODE_DAEMONS:
+                self._spawn(node.daemon(daemon), commands[daemon], node)
+                if daemon == "containerd":
+                    node.wait_for_runtime(self.check_alive)
+        except NodeError as error:
+            raise ClusterError(str(error)) from error
+        self._wait_until(f"node {node.name} Ready again", f"/api/v1/nodes/{node.name}", started, timeout,
+                         accept=lambda body: _node_ready(body, since=restarted))  # fmt: skip
+        return node
 
     # ---- clients ------------------------------------------------------------------------------
 
@@ -539,9 +661,20 @@ class Cluster:
         return api_client_for(self.serviceaccount_kubeconfig(namespace, name))
 
 
-def _node_ready(node: dict[str, Any]) -> bool:
+def _node_ready(node: dict[str, Any], since: float | None = None) -> bool:
+    """Whether the Node's Ready condition is True (and, with `since`, heard after that time)."""
     conditions = node.get("status", {}).get("conditions") or []
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return any(
+        c["type"] == "Ready"
+        and c["status"] == "True"
+        and (since is None or _timestamp(c["lastHeartbeatTime"]) >= int(since))
+        for c in conditions
+    )
+
+
+def _timestamp(text: str) -> float:
+    """An API timestamp (RFC 3339, UTC, whole seconds) as seconds since the epoch."""
+    return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
 
 
 def api_client_for(kubeconfig: Path) -> ApiClient:
@@ -592,12 +725,19 @@ def serviceaccount_kubeconfig(
     return write_kubeconfig(path, server, ca_file, f"system:serviceaccount:{namespace}:{name}", value)
 
 
+FAULTS = ("power-off", "partition", "heal")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cluster.py", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "env", "binaries"])
+    parser.add_argument("command", choices=["up", "down", "env", "binaries", *FAULTS])
+    parser.add_argument("node", nargs="?", help="power-off, partition, heal: the node's name or number")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="cluster folder (default: .cluster)")
-    parser.add_argument("--nodes", type=int, default=1, choices=[0, 1], help="`up`: real nodes to start (default 1)")
+    parser.add_argument("--nodes", type=int, default=1, choices=range(MAX_NODES + 1),
+                        help=f"`up`: real nodes to start, 0 to {MAX_NODES} (default 1)")  # fmt: skip
     args = parser.parse_args(argv)
+    if (args.command in FAULTS) != (args.node is not None):
+        parser.error(f"a node is named by {', '.join(FAULTS)} and only by them")
     logging.basicConfig(level=logging.INFO, format="cluster: %(message)s")
     cluster = Cluster(args.dir)
     try:
@@ -621,6 +761,12 @@ def main(argv: list[str] | None = None) -> int:
             if not cluster.running_components():
                 raise ClusterError(f"no cluster runs in {cluster.directory}; run `make cluster`")
             print(cluster.shell_env())
+        elif args.command == "power-off":
+            log.info("%s powered off", cluster.power_off(args.node).name)
+        elif args.command == "partition":
+            log.info("%s cut off the network", cluster.partition(args.node).name)
+        else:
+            log.info("%s healed", cluster.heal(args.node, detach=True).name)
     except (ClusterError, NodeError) as error:
         log.error("%s", error)
         return 1

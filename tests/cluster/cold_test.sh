@@ -9,7 +9,8 @@
 # - the Debian packages that tests/cluster/packages.sh installs, and the dependencies that only
 #   they needed (those `apt-get autoremove` would remove after the purge and not before). Kept:
 #   NEW_MACHINE_HAS below, which every machine of this kind has before any setup (the Python
-#   toolchain needs gcc, libc6-dev and make; purging them would break far more than this project);
+#   toolchain needs gcc, libc6-dev and make, the machine's network iproute2; purging them would
+#   break far more than this project);
 # - ~/.cache/multiworld (or $MULTIWORLD_CACHE) and pip's cache, moved aside;
 # - .venv: the clones have none.
 # `make demo` runs as the unprivileged user `nobody` with a HOME of its own: no root, no apt, no
@@ -18,7 +19,7 @@
 # run did not reinstall is installed again. Logs and a summary stay in .cold-test/.
 set -euo pipefail
 
-NEW_MACHINE_HAS=(make gcc libc6-dev dpkg-dev openssl jq zstd)
+NEW_MACHINE_HAS=(make gcc libc6-dev dpkg-dev openssl jq zstd iproute2)
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(git -C "$HERE" rev-parse --show-toplevel)"

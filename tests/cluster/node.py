@@ -1,14 +1,22 @@
 """One real Kubernetes node on this machine, beside the control plane of cluster.py.
 
-containerd (Debian) runs the pods, kubelet and kube-scheduler (built from Debian's kubernetes
-source, like the API server) place and start them, Debian's CNI plugins give them a bridge
-network (`cni0`, 10.244.0.0/24), kube-proxy makes ClusterIP Services (the in-cluster
-`kubernetes` Service among them) reachable from pods, and dnsmasq answers cluster DNS on the
-node address from records that dns_records.py keeps up to date.
+A node is a kubelet, a containerd and a kube-proxy in a network namespace of its own (named
+after the node), joined to the host by a veth pair whose host end is a port of the machine's
+node bridge (nodes.py): its own address (10.243.0.1N), its own pod network (10.244.N-1.0/24 on
+its own `cni0`, Debian's bridge CNI plugin), routes to the other nodes' pod networks. The
+kubelet and containerd also share a mount namespace of the node's own (a slave of the host's),
+where the folders every kubelet and containerd would share on one machine are the node's
+private ones: the device plugins' folder (whose socket path the 1.20 kubelet fixes), the CNI
+result cache, the pod logs (each kubelet removes the log folders of pods it does not know) and
+containerd's runc state. Its pods live in the cgroup /<node name> (the kubelet's cgroupRoot).
 
-The node changes the host (a bridge, iptables rules, a few sysctls, mounts), so one node runs
-per machine; `cleanup_host` undoes every change, also after a crash. Images live in a containerd
-root under the cache, so they survive node restarts; see images.py for loading ours.
+Faults, as a fleet meets them: `cut` drops every packet in and out of the node's link inside
+its namespace (peers hear silence, not resets), `mend` lets them through again, and
+`kill_workloads` kills every container and shim of the node (its daemons are the cluster's to
+kill: cluster.py's power_off).
+
+Images live in a containerd root under the cache, one per node, so they survive node restarts;
+see images.py for loading ours.
 """
 
 from __future__ import annotations
@@ -19,42 +27,58 @@ import io
 import json
 import logging
 import os
-import shlex
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.cluster.host import (
+    NodeError,
+    cgroup_pids,
+    enter_namespaces,
+    kill,
+    kill_tree,
+    listening,
+    make_cgroup,
+    remove_cgroup,
+    run,
+    shims,
+    unmount_under,
+)
+
 log = logging.getLogger("multiworld.test_cluster")
 
-NAME = "multiworld-node"
-POD_SUBNET = "10.244.0.0/24"
+__all__ = ["NAME", "MAX_NODES", "Node", "NodeBinaries", "NodeError", "node_name"]
+
+NAME = "multiworld-node"  # the first node's name; the others are NAME-2, NAME-3
+MAX_NODES = 3
+NODE_NETWORK = "10.243.0.0/24"
+GATEWAY = "10.243.0.1"  # the host's end of the node bridge
 CLUSTER_CIDR = "10.244.0.0/16"
-BRIDGE = "cni0"
+BRIDGE = "cni0"  # each node's pod bridge, in its own namespace
+LINK = "eth0"  # the node's end of its veth pair, in its namespace
 DOMAIN = "cluster.local"
 PAUSE_IMAGE = "docker.io/multiworld/pause:3.4"
-# Marks the machine's one node: which folder runs it (so a second `up` is refused by name).
-MARKER = Path("/run/multiworld-node.json")
-RULE_COMMENT = "multiworld-node"
-CHAIN_PREFIXES = ("KUBE-", "CNI-")
-# The host settings kubelet, kube-proxy and the pod network change; restored on cleanup.
-SYSCTLS = (
-    "vm.overcommit_memory", "vm.panic_on_oom", "kernel.panic", "kernel.panic_on_oops",
-    "kernel.keys.root_maxkeys", "kernel.keys.root_maxbytes", "net.ipv4.ip_forward",
-    "net.ipv4.conf.all.route_localnet",
-)  # fmt: skip
-# Daemons in start order; they stop in reverse, containerd last (its pods are removed first).
-DAEMONS = ("containerd", "dnsmasq", "dns-records", "kube-proxy", "kubelet", "kube-scheduler")
+# Tags the rules that cut a node off (inside its namespace).
+CUT_COMMENT = "multiworld-cut"
+# Folders every kubelet or containerd on a machine would share, each a private one per node
+# (bound over them in the node's mount namespace): its name under the node's run folder.
+PRIVATE_FOLDERS = {
+    Path("/var/lib/kubelet/device-plugins"): "device-plugins",
+    Path("/var/lib/cni"): "cni-cache",
+    Path("/var/log/pods"): "pod-logs",
+    Path("/var/log/containers"): "container-logs",
+    Path("/run/containerd"): "run-containerd",
+}
+# The node's daemons in start order; they stop in reverse, containerd last (its pods removed first).
+DAEMONS = ("containerd", "kube-proxy", "kubelet")
 
 
-class NodeError(RuntimeError):
-    """The node could not be started; the message says why."""
+def node_name(index: int) -> str:
+    return NAME if index == 1 else f"{NAME}-{index}"
 
 
 @dataclass(frozen=True)
@@ -70,76 +94,36 @@ class NodeBinaries:
         return cls(*(folder / name for name in ("kubelet", "kube-scheduler", "kube-proxy", "pause", "kubectl")))
 
 
-def node_ip() -> str:
-    """The host's own address (the default route's source): pods reach the API server and DNS there."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("198.51.100.1", 9))  # no packet is sent: this only picks a route
-        except OSError as error:
-            raise NodeError(f"no default route to pick the node address from: {error}") from error
-        return str(probe.getsockname()[0])
-
-
-def containerd_root() -> Path:
-    """containerd's image store, kept across node restarts (our images take minutes to import)."""
-    version = subprocess.run(["containerd", "--version"], capture_output=True, text=True, check=True)
-    tag = hashlib.sha256(version.stdout.encode()).hexdigest()[:12]
-    cache = Path(
+def cache_folder() -> Path:
+    return Path(
         os.environ.get("MULTIWORLD_CACHE")
         or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "multiworld"
     )
-    return cache / f"containerd-{tag}"
 
 
-def upstream_nameserver() -> str:
-    """The host's first nameserver: dnsmasq forwards every name outside the cluster domain there."""
-    for line in Path("/etc/resolv.conf").read_text().splitlines():
-        words = line.split()
-        if len(words) >= 2 and words[0] == "nameserver":
-            return words[1]
-    raise NodeError("/etc/resolv.conf names no nameserver for dnsmasq to forward to")
-
-
-def query_a(server: str, name: str, timeout: float = 1.0) -> list[str]:
-    """The IPv4 addresses a DNS server answers for `name` (one UDP query, as a pod's resolver)."""
-    query_id = int.from_bytes(os.urandom(2), "big")
-    question = b"".join(bytes([len(label)]) + label.encode() for label in name.rstrip(".").split(".")) + b"\0"
-    packet = query_id.to_bytes(2, "big") + b"\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00" + question + b"\x00\x01\x00\x01"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.settimeout(timeout)
-        sock.sendto(packet, (server, 53))
-        reply = sock.recv(4096)
-    answers = int.from_bytes(reply[6:8], "big")
-    offset = 12 + len(question) + 4
-    found = []
-    for _ in range(answers):
-        while reply[offset] not in (0,) and reply[offset] < 0xC0:  # a name: labels, or a pointer
-            offset += reply[offset] + 1
-        offset += 2 if reply[offset] >= 0xC0 else 1
-        kind, length = (
-            int.from_bytes(reply[offset : offset + 2], "big"),
-            int.from_bytes(reply[offset + 8 : offset + 10], "big"),
-        )
-        offset += 10
-        if kind == 1 and length == 4:
-            found.append(socket.inet_ntoa(reply[offset : offset + 4]))
-        offset += length
-    return found
-
-
-def run(argv: list[str], what: str) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise NodeError(f"{what} failed ({shlex.join(argv)}): {(result.stderr or result.stdout).strip()[-2000:]}")
-    return result.stdout
+def containerd_root(index: int = 1) -> Path:
+    """A node's image store, kept across node restarts (our images take minutes to import)."""
+    version = subprocess.run(["containerd", "--version"], capture_output=True, text=True, check=True)
+    tag = hashlib.sha256(version.stdout.encode()).hexdigest()[:12]
+    return cache_folder() / (f"containerd-{tag}" if index == 1 else f"containerd-{tag}-{index}")
 
 
 class Node:
-    """The files of one node in `directory` (configs, kubelet root, containerd state, DNS records)."""
+    """Node number `index` (1 to MAX_NODES), its files in `directory` (configs, kubeconfig,
+    containerd state, CNI addresses); `host_ip` is where the control plane and DNS serve it."""
 
-    def __init__(self, directory: Path, ip: str) -> None:
+    def __init__(self, directory: Path, index: int = 1, host_ip: str = "") -> None:
+        if not 1 <= index <= MAX_NODES:
+            raise NodeError(f"node numbers run from 1 to {MAX_NODES}, got {index}")
         self.directory = directory
-        self.ip = ip
+        self.index = index
+        self.host_ip = host_ip
+        self.name = node_name(index)
+        self.ip = f"10.243.0.{10 + index}"
+        self.pod_subnet = f"10.244.{index - 1}.0/24"
+        self.netns = self.name
+        self.veth = f"mwnode{index}"  # the host's end
+        self.cgroup_root = self.name
         # Unix socket paths are limited to about 100 bytes, which a test's temp folder exceeds:
         # containerd and kubelet (whose root holds sockets) live in a short folder of their own;
         # the node's folder links to containerd's socket.
@@ -147,38 +131,31 @@ class Node:
         self.socket = self.run_dir / "containerd.sock"
         self.socket_link = directory / "containerd" / "containerd.sock"
         self.kubelet_root = self.run_dir / "kubelet"
-        self.dns_dir = directory / "dns"
+        # The mount namespace's file, on a private mount of its own (a namespace file may not be
+        # bound on a shared one).
+        self.namespace_dir = self.run_dir / "ns"
+        self.mount_namespace = self.namespace_dir / "mnt"
+        self.kubeconfig = directory / "kubeconfig"
+
+    def daemon(self, name: str) -> str:
+        """The name of this node's `name` daemon among the cluster's (pid file, log)."""
+        return name if self.index == 1 else f"{name}-{self.index}"
+
+    @property
+    def user(self) -> str:
+        """The kubelet's user: the Node authorizer lets it read and write its own Node only."""
+        return f"system:node:{self.name}"
 
     @functools.cached_property
     def root(self) -> Path:
         """containerd's image store; asked for only when the node starts (describing a node runs
         no binary: containerd may not be installed yet)."""
-        return containerd_root()
+        return containerd_root(self.index)
 
     # ---- start -------------------------------------------------------------------------------
 
-    def claim_host(self) -> None:
-        """Refuse when another folder's node runs; clear what a crashed one left; save sysctls."""
-        if MARKER.exists():
-            owner = Path(json.loads(MARKER.read_text())["directory"])
-            if owner != self.directory and _listening(Node(owner, self.ip).socket):
-                raise NodeError(
-                    f"a node already runs on this machine from {owner} (one per machine: it owns "
-                    f"{BRIDGE} and the pod network); stop it first (`make cluster-down` for .cluster/)"
-                )
-            Node(owner, self.ip).cleanup_host()
-        self.cleanup_host()
-        saved = {key: _read_sysctl(key) for key in SYSCTLS}
-        MARKER.write_text(json.dumps({"directory": str(self.directory), "sysctls": saved}))
-        _write_sysctl("net.ipv4.ip_forward", "1")
-        for direction in ("-i", "-o"):
-            # dockerd with iptables sets FORWARD's policy to DROP, and bridged pod traffic goes
-            # through FORWARD: accept the pod bridge explicitly.
-            run(["iptables", "-w", "-I", "FORWARD", direction, BRIDGE, "-m", "comment",
-                 "--comment", RULE_COMMENT, "-j", "ACCEPT"], "allowing pod traffic")  # fmt: skip
-
     def write_configs(self) -> None:
-        for folder in ("containerd", "cni", "cni-ipam", "dns"):
+        for folder in ("containerd", "cni", "cni-ipam"):
             (self.directory / folder).mkdir(parents=True, exist_ok=True)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.directory / "containerd" / "config.toml").write_text(self._containerd_config())
@@ -187,38 +164,60 @@ class Node:
         self.socket_link.symlink_to(self.socket)
         (self.directory / "cni" / "10-multiworld.conflist").write_text(json.dumps(self._cni_config(), indent=2))
         (self.directory / "kubelet-config.json").write_text(json.dumps(self._kubelet_config(), indent=2))
-        (self.dns_dir / "hosts").write_text("")
 
-    def commands(self, binaries: NodeBinaries, kubeconfig: Path, node_kubeconfig: Path) -> dict[str, list[str]]:
-        """Each daemon's argv; kube-proxy, the scheduler and the DNS feed act as the admin."""
+    def make_namespaces(self, bridge: str, peers: list[Node]) -> None:
+        """The node's network namespace (its veth on `bridge`, its address, a default route to
+        the host and a route to each peer's pod network), its mount namespace with its private
+        folders, and its cgroup."""
+        run(["ip", "netns", "add", self.netns], f"making {self.name}'s network namespace")
+        run(["ip", "link", "add", self.veth, "type", "veth", "peer", "name", LINK, "netns", self.netns],
+            f"making {self.name}'s link")  # fmt: skip
+        run(["ip", "link", "set", self.veth, "master", bridge, "up"], f"plugging {self.name} into {bridge}")
+        inside = ["ip", "-n", self.netns]
+        run([*inside, "link", "set", "lo", "up"], f"{self.name}'s loopback")
+        run([*inside, "addr", "add", f"{self.ip}/24", "dev", LINK], f"{self.name}'s address")
+        run([*inside, "link", "set", LINK, "up"], f"{self.name}'s link up")
+        run([*inside, "route", "add", "default", "via", GATEWAY], f"{self.name}'s default route")
+        for peer in peers:
+            if peer is not self:
+                run([*inside, "route", "add", peer.pod_subnet, "via", peer.ip], f"{self.name}'s route to {peer.name}")
+        run(["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"], f"{self.name}'s forwarding", self.enter_network)
+        self.namespace_dir.mkdir(parents=True, exist_ok=True)
+        run(["mount", "--bind", str(self.namespace_dir), str(self.namespace_dir)], "binding the namespace folder")
+        run(["mount", "--make-private", str(self.namespace_dir)], "making the namespace folder private")
+        self.mount_namespace.touch()
+        run(["unshare", f"--mount={self.mount_namespace}", "--propagation", "slave", "true"],
+            f"making {self.name}'s mount namespace")  # fmt: skip
+        for shared, private in PRIVATE_FOLDERS.items():
+            shared.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / private).mkdir(exist_ok=True)
+            run(["mount", "--bind", str(self.run_dir / private), str(shared)], f"{self.name}'s private {shared}",
+                self.enter)  # fmt: skip
+        make_cgroup(self.cgroup_root)
+
+    def enter(self) -> None:
+        """In a child before exec: into the node's network and mount namespaces."""
+        enter_namespaces(Path("/run/netns") / self.netns, self.mount_namespace)
+
+    def enter_network(self) -> None:
+        enter_namespaces(Path("/run/netns") / self.netns, None)
+
+    def commands(self, binaries: NodeBinaries, admin_kubeconfig: Path) -> dict[str, list[str]]:
+        """Each daemon's argv, all run in the node's namespaces; kube-proxy acts as the admin."""
         return {
             "containerd": ["containerd", "--config", str(self.directory / "containerd" / "config.toml")],
-            "dnsmasq": [
-                "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--user=root", "--pid-file=",
-                f"--listen-address={self.ip}", "--bind-interfaces", "--no-hosts", "--no-resolv",
-                f"--hostsdir={self.dns_dir}", f"--local=/{DOMAIN}/", "--no-negcache",
-                f"--server={upstream_nameserver()}", "--log-facility=-",
-            ],
-            "dns-records": [
-                sys.executable, str(Path(__file__).with_name("dns_records.py")), f"--kubeconfig={kubeconfig}",
-                f"--out={self.dns_dir / 'hosts'}", f"--domain={DOMAIN}",
-            ],
             "kube-proxy": [
-                str(binaries.kube_proxy), f"--kubeconfig={kubeconfig}", "--proxy-mode=iptables",
-                f"--cluster-cidr={CLUSTER_CIDR}", f"--hostname-override={NAME}",
+                str(binaries.kube_proxy), f"--kubeconfig={admin_kubeconfig}", "--proxy-mode=iptables",
+                f"--cluster-cidr={CLUSTER_CIDR}", f"--hostname-override={self.name}",
                 "--conntrack-max-per-core=0", "--metrics-bind-address=127.0.0.1:10249",
                 "--healthz-bind-address=127.0.0.1:10256",
             ],
             "kubelet": [
                 str(binaries.kubelet), f"--config={self.directory / 'kubelet-config.json'}",
-                f"--kubeconfig={node_kubeconfig}", "--container-runtime=remote",
+                f"--kubeconfig={self.kubeconfig}", "--container-runtime=remote",
                 f"--container-runtime-endpoint=unix://{self.socket}",
                 f"--root-dir={self.kubelet_root}", f"--cert-dir={self.directory / 'kubelet-pki'}",
-                f"--hostname-override={NAME}", f"--node-ip={self.ip}",
-            ],
-            "kube-scheduler": [
-                str(binaries.kube_scheduler), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
-                "--secure-port=0", "--port=0",
+                f"--hostname-override={self.name}", f"--node-ip={self.ip}",
             ],
         }  # fmt: skip
 
@@ -227,19 +226,12 @@ class Node:
         while not self._ctr_ok():
             check_alive()
             if time.monotonic() > deadline:
-                raise NodeError(f"containerd did not serve on {self.socket} within {timeout:.0f} s")
+                raise NodeError(f"containerd of {self.name} did not serve on {self.socket} within {timeout:.0f} s")
             time.sleep(0.1)
 
     def import_pause_image(self, pause: Path) -> None:
         """The sandbox image: pause.c from the kubernetes source, one static binary in one layer."""
         self.ctr(["image", "import", "-"], stdin=_one_file_image(pause, PAUSE_IMAGE), what="importing the pause image")
-
-    def resolves(self, name: str) -> bool:
-        """Whether the node's DNS answers `name` with an address."""
-        try:
-            return bool(query_a(self.ip, name))
-        except OSError:
-            return False
 
     def ctr(self, args: list[str], what: str, stdin: bytes | None = None) -> str:
         result = subprocess.run(["ctr", "--address", str(self.socket), "--namespace", "k8s.io", *args],
@@ -247,6 +239,10 @@ class Node:
         if result.returncode != 0:
             raise NodeError(f"{what} failed: {result.stderr.decode(errors='replace').strip()[-2000:]}")
         return result.stdout.decode()
+
+    def serving(self) -> bool:
+        """Whether the node's containerd serves its socket."""
+        return listening(self.socket)
 
     def _ctr_ok(self) -> bool:
         if not self.socket.exists():
@@ -287,14 +283,16 @@ state = "{self.directory / "containerd" / "state"}"
 """
 
     def _cni_config(self) -> dict[str, object]:
+        # No masquerade on the node: a pod reaches pods of other nodes with its own address (the
+        # host masquerades what leaves the machine).
         return {
             "cniVersion": "0.4.0",
             "name": "multiworld",
             "plugins": [
                 {
-                    "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True, "hairpinMode": True,
+                    "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
                     "ipam": {
-                        "type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                        "type": "host-local", "ranges": [[{"subnet": self.pod_subnet}]],
                         "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.directory / "cni-ipam"),
                     },
                 },
@@ -310,8 +308,10 @@ state = "{self.directory / "containerd" / "state"}"
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "cgroupDriver": "cgroupfs",
+            # The node's pods under a cgroup of its own (two kubelets would both manage /kubepods).
+            "cgroupRoot": f"/{self.cgroup_root}",
             "failSwapOn": False,
-            "clusterDNS": [self.ip],
+            "clusterDNS": [self.host_ip],
             "clusterDomain": DOMAIN,
             # The API server reaches kubelet for logs and exec; a throwaway node trusts it.
             "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
@@ -329,6 +329,51 @@ state = "{self.directory / "containerd" / "state"}"
             "serializeImagePulls": False,
         }
 
+    # ---- faults ------------------------------------------------------------------------------
+
+    def _cut_rules(self) -> list[list[str]]:
+        """Every packet in through the node's link dropped before anything sees it (raw), every
+        packet out dropped last (mangle POSTROUTING: the node's own and its pods' alike). DROP
+        answers nothing: no RST, no ICMP."""
+        tag = ["-m", "comment", "--comment", CUT_COMMENT, "-j", "DROP"]
+        return [["-t", "raw", "PREROUTING", "-i", LINK, *tag], ["-t", "mangle", "POSTROUTING", "-o", LINK, *tag]]
+
+    def cut(self) -> None:
+        """Cut the node off the network: peers hear silence, as from a pulled cable."""
+        for table, table_name, chain, *rule in self._cut_rules():
+            if not self._has_rule(table_name, chain, rule):
+                run(["iptables", "-w", table, table_name, "-I", chain, "1", *rule], f"cutting {self.name} off",
+                    self.enter_network)  # fmt: skip
+
+    def mend(self) -> None:
+        """Let the node's packets through again."""
+        for table, table_name, chain, *rule in self._cut_rules():
+            while self._has_rule(table_name, chain, rule):
+                run(["iptables", "-w", table, table_name, "-D", chain, *rule], f"mending {self.name}",
+                    self.enter_network)  # fmt: skip
+
+    def is_cut(self) -> bool:
+        return any(self._has_rule(table_name, chain, rule) for _, table_name, chain, *rule in self._cut_rules())
+
+    def _has_rule(self, table: str, chain: str, rule: list[str]) -> bool:
+        if not (Path("/run/netns") / self.netns).exists():
+            return False
+        check = subprocess.run(["iptables", "-w", "-t", table, "-C", chain, *rule], capture_output=True,
+                               check=False, preexec_fn=self.enter_network)  # fmt: skip
+        return check.returncode == 0
+
+    def kill_workloads(self) -> None:
+        """SIGKILL every process of the node's pods (its cgroup) and the shims that ran them."""
+        deadline = time.monotonic() + 10
+        while True:
+            doomed = shims(self.socket) + sorted(cgroup_pids(self.cgroup_root))
+            if not doomed:
+                return
+            if time.monotonic() > deadline:
+                raise NodeError(f"processes of {self.name} outlived SIGKILL for 10 s: {doomed}")
+            kill(doomed)
+            time.sleep(0.05)
+
     # ---- stop --------------------------------------------------------------------------------
 
     def remove_pods(self) -> None:
@@ -341,7 +386,7 @@ state = "{self.directory / "containerd" / "state"}"
                             "tasks", "kill", "-s", "SIGKILL", task],
                            capture_output=True, check=False)  # fmt: skip
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _shims(self.socket):
+        while time.monotonic() < deadline and shims(self.socket):
             for task in self.ctr(["tasks", "ls", "-q"], "listing tasks").split():
                 subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", "tasks", "rm", "-f", task],
                                capture_output=True, check=False)  # fmt: skip
@@ -351,26 +396,18 @@ state = "{self.directory / "containerd" / "state"}"
             subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", "containers", "rm", *containers],
                            capture_output=True, check=False)  # fmt: skip
 
-    def cleanup_host(self) -> None:
-        """Undo the node's host changes: processes, mounts, network namespaces, the bridge,
-        iptables chains and rules, sysctls. Safe to run twice and after a crash."""
-        for pid in _shims(self.socket):
-            _kill_tree(pid)
-        _unmount_under([self.directory, self.run_dir, self.root, Path("/run/netns"), Path("/var/run/netns")])
-        for netns in Path("/run/netns").glob("cni-*"):
-            netns.unlink(missing_ok=True)
+    def cleanup(self) -> None:
+        """Undo what the node did to the host once its daemons are stopped: its shims and
+        containers, namespaces, link, mounts, cgroup and run folder. Safe to run twice and after
+        a crash."""
+        for pid in shims(self.socket):
+            kill_tree(pid)
+        kill(cgroup_pids(self.cgroup_root))
+        subprocess.run(["ip", "netns", "delete", self.netns], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "delete", self.veth], capture_output=True, check=False)
+        unmount_under([self.directory, self.run_dir, self.root])
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, check=False)
-        for tool in ("iptables", "ip6tables"):
-            _remove_rules(tool)
-        _remove_cgroups()
-        if MARKER.exists():
-            marker = json.loads(MARKER.read_text())
-            if Path(marker["directory"]) == self.directory:
-                for key, value in marker["sysctls"].items():
-                    if value is not None:
-                        _write_sysctl(key, value)
-                MARKER.unlink()
+        remove_cgroup(self.cgroup_root)
 
 
 def _one_file_image(binary: Path, name: str) -> bytes:
@@ -397,114 +434,3 @@ def _one_file_image(binary: Path, name: str) -> bytes:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return archive.getvalue()
-
-
-def _read_sysctl(key: str) -> str | None:
-    try:
-        return Path("/proc/sys", *key.split(".")).read_text().strip()
-    except OSError:
-        return None
-
-
-def _write_sysctl(key: str, value: str) -> None:
-    Path("/proc/sys", *key.split(".")).write_text(value + "\n")
-
-
-def _processes() -> dict[int, tuple[int, list[str]]]:
-    """pid -> (parent pid, argv) of every process."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        found[int(entry.name)] = (parent, argv)
-    return found
-
-
-def _listening(unix_socket: Path) -> bool:
-    """Whether a process serves `unix_socket`: a killed node (its machine snapshotted, its
-    session cut off) leaves the file behind, which must not block the next node."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(unix_socket))
-        except OSError:
-            return False
-    return True
-
-
-def _shims(containerd_socket: Path) -> list[int]:
-    """The containerd shims serving this node's containerd (they outlive it by design)."""
-    return [
-        pid for pid, (_, argv) in _processes().items()
-        if argv and Path(argv[0]).name.startswith("containerd-shim") and str(containerd_socket) in argv
-    ]  # fmt: skip
-
-
-def _kill_tree(root: int) -> None:
-    processes = _processes()
-    doomed, frontier = [root], [root]
-    while frontier:
-        children = [pid for pid, (parent, _) in processes.items() if parent in frontier]
-        doomed += children
-        frontier = children
-    for pid in doomed:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _unmount_under(folders: Iterable[Path]) -> None:
-    prefixes = [str(folder.resolve()) if folder.exists() else str(folder) for folder in folders]
-    for _ in range(3):  # a lazy unmount can reveal a mount below it
-        points = []
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            point = line.split()[4].encode().decode("unicode_escape")
-            if any(point == prefix or point.startswith(prefix + "/") for prefix in prefixes):
-                points.append(point)
-        if not points:
-            return
-        for point in sorted(points, key=len, reverse=True):
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-
-
-def _remove_rules(tool: str) -> None:
-    """Remove our FORWARD rules and every KUBE-*/CNI-* chain with the rules that jump to it."""
-    dump = subprocess.run([f"{tool}-save"], capture_output=True, text=True, check=False).stdout
-    table, chains = "", []
-    for line in dump.splitlines():
-        if line.startswith("*"):
-            table = line[1:]
-        elif line.startswith(":") and line[1:].startswith(CHAIN_PREFIXES):
-            chains.append((table, line[1:].split()[0]))
-        elif line.startswith("-A "):
-            words = shlex.split(line)
-            target = words[words.index("-j") + 1] if "-j" in words else ""
-            own = not words[1].startswith(CHAIN_PREFIXES)
-            if own and (target.startswith(CHAIN_PREFIXES) or RULE_COMMENT in words):
-                subprocess.run([tool, "-w", "-t", table, "-D", *words[1:]], capture_output=True, check=False)
-    for action in ("-F", "-X"):
-        for table, chain in chains:
-            subprocess.run([tool, "-w", "-t", table, action, chain], capture_output=True, check=False)
-
-
-def _remove_cgroups() -> None:
-    """kubelet's `kubepods` cgroups (empty once the pods are killed), deepest first."""
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        top = hierarchy / "kubepods"
-        if not top.is_dir():
-            continue
-        for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
-        try:
-            top.rmdir()
-        except OSError:
-            pass

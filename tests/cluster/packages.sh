@@ -10,8 +10,9 @@
 # what is missing and the command that installs it.
 set -euo pipefail
 
-# The node (node.py): container runtime, pod network plugins, iptables tools, DNS server.
-NODE=(containerd runc containernetworking-plugins iptables conntrack dnsmasq-base)
+# The nodes (node.py, nodes.py): container runtime, pod network plugins, iptables tools, DNS
+# server, and `ip` for their namespaces, links and routes.
+NODE=(containerd runc containernetworking-plugins iptables conntrack dnsmasq-base iproute2)
 # The control plane's store (cluster.py starts its own etcd on free ports).
 CONTROL_PLANE=(etcd-server)
 # What images.py builds our images with: a Debian base, a Docker engine, compressed caches.

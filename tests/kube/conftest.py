@@ -1,7 +1,7 @@
 """Fixtures for tests that need a real Kubernetes API server.
 
 `kube_cluster` (session): a fresh etcd + kube-apiserver + kube-controller-manager in a temp dir.
-`kube_node` (session): the same with one real node (tests/cluster/node.py) holding our images.
+`kube_node` (session): the same with real nodes (tests/cluster/node.py) holding our images.
 `namespace` (function): a fresh namespace, deleted afterwards.
 `scene` (function): the operator serving `namespace` (see tests/support/operator_support.py).
 A missing control plane is a test error with the reason, never a skip.
@@ -49,11 +49,14 @@ def _running_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> It
     failure = ""
     try:
         cluster.start(cluster_module.find_binaries(), detach=False, nodes=nodes)
-        if nodes:
-            images_module.load_images(str(cluster.node.socket))
+        for node in cluster.nodes:
+            images_module.load_images(str(node.socket))
     except (cluster_module.ClusterError, images_module.ImageError) as error:
         cluster.stop()
         failure = f"the test Kubernetes {'node' if nodes else 'control plane'} is unavailable: {error}"
+    except BaseException:  # a timeout or an interrupt: nothing of the cluster may outlive it
+        cluster.stop()
+        raise
     if failure:
         pytest.fail(failure, pytrace=False)
     try:

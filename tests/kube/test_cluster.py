@@ -16,7 +16,8 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster import cluster as cluster_module, images as images_module
 from tests.cluster.cluster import Cluster
-from tests.cluster.node import MARKER, Node
+from tests.cluster.node import Node
+from tests.cluster.node_host import BRIDGE, MARKER
 
 pytestmark = pytest.mark.kube
 
@@ -221,9 +222,12 @@ def _pod_probe(cluster: Cluster, namespace: str) -> dict[str, Any]:
 
 
 def _host_traces(directory: Path) -> dict[str, list[str]]:
-    """What a node leaves on the host: processes and mounts of its folder (or its socket folder:
-    containerd's shims), the pod bridge, and iptables chains of kubelet, kube-proxy and CNI."""
-    marks = (str(directory), str(Cluster(directory).node.run_dir))
+    """What nodes leave on the host: processes and mounts of their folders (or their socket
+    folders: containerd's shims), the node bridge and links, their network namespaces, and
+    iptables chains of kubelet, kube-proxy and CNI."""
+    nodes = Cluster(directory).nodes
+    assert nodes, f"no node folder in {directory}"
+    marks = (str(directory), *(str(node.run_dir) for node in nodes))
     processes = []
     for entry in Path("/proc").iterdir():
         try:
@@ -237,7 +241,12 @@ def _host_traces(directory: Path) -> dict[str, list[str]]:
         for line in Path("/proc/self/mountinfo").read_text().splitlines()
         if any(mark in line.split()[4] for mark in (*marks, "/run/netns/cni-"))
     ]
-    links = subprocess.run(["ip", "-o", "link", "show", "cni0"], capture_output=True, text=True).stdout.splitlines()
+    links = [
+        line
+        for line in subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
+        if line.split(":")[1].strip().split("@")[0] in {"cni0", BRIDGE, *(node.veth for node in nodes)}
+    ]
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     chains = [
         line
         for tool in ("iptables-save", "ip6tables-save")
@@ -245,7 +254,14 @@ def _host_traces(directory: Path) -> dict[str, list[str]]:
         if line.startswith((":KUBE-", ":CNI-"))
     ]
     folders = [mark for mark in marks[1:] if Path(mark).exists()]
-    return {"processes": processes, "mounts": mounts, "links": links, "chains": chains, "folders": folders}
+    return {
+        "processes": processes,
+        "mounts": mounts,
+        "links": links,
+        "namespaces": [name for name in namespaces if name in {node.netns for node in nodes}],
+        "chains": chains,
+        "folders": folders,
+    }
 
 
 @pytest.mark.timeout(900)
@@ -288,7 +304,14 @@ def test_cli_up_runs_a_real_node_and_down_leaves_nothing(tmp_path: Path) -> None
         down = cli("down")
     assert down.returncode == 0, down.stderr
     assert not [name for name, pid in pids.items() if _running(pid)]
-    assert _host_traces(directory) == {"processes": [], "mounts": [], "links": [], "chains": [], "folders": []}
+    assert _host_traces(directory) == {
+        "processes": [],
+        "mounts": [],
+        "links": [],
+        "namespaces": [],
+        "chains": [],
+        "folders": [],
+    }
     assert not list(directory.glob("*.pid"))
     assert cli("env").returncode != 0
     assert not crashed.run_dir.exists()
@@ -298,8 +321,8 @@ def _plant_a_killed_node(directory: Path) -> Node:
     """What a node killed with its machine leaves: the host marker naming its folder, and
     containerd's socket file with nobody serving it. Where a killed run left them for real, those."""
     if MARKER.exists():
-        return Node(Path(json.loads(MARKER.read_text())["directory"]), "")
-    crashed = Node(directory, "")
+        return Node(Path(json.loads(MARKER.read_text())["directory"]))
+    crashed = Node(directory)
     crashed.run_dir.mkdir(parents=True)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
         stale.bind(str(crashed.socket))

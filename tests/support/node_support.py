@@ -93,8 +93,8 @@ def container_id(pod: client.V1Pod) -> str:
 
 
 def signal_container(cluster: Cluster, pod: client.V1Pod, signal: str) -> None:
-    """Send `signal` to the container's main process through containerd, as a crash or a
-    debugger would: the API server hears of it only through the kubelet."""
-    cluster.node.ctr(
+    """Send `signal` to the container's main process through its node's containerd, as a crash
+    or a debugger would: the API server hears of it only through the kubelet."""
+    cluster.node_named(pod.spec.node_name).ctr(
         ["tasks", "kill", "--signal", signal, container_id(pod)], f"sending {signal} to {pod.metadata.name}"
     )
