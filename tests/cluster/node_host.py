@@ -191,10 +191,22 @@ class NodeHost:
 
     # ---- stop --------------------------------------------------------------------------------
 
+    def owns_host(self) -> bool:
+        """Whether the machine's nodes may be these: the marker names no other folder's. (A
+        cluster refused because another's nodes run must leave them alone: they share the
+        nodes' names, the bridge and the rules.)"""
+        if not MARKER.exists():
+            return True
+        ours = {node.directory for node in self.nodes}
+        return {node.directory for node in _marked_nodes(json.loads(MARKER.read_text()))} <= ours
+
     def cleanup_host(self) -> None:
         """Undo the nodes' host changes once their daemons are stopped: each node's namespaces,
         links, mounts and cgroup, the node bridge, pod network namespace files, iptables chains
-        and rules, sysctls. Safe to run twice and after a crash."""
+        and rules, sysctls. Safe to run twice and after a crash; a no-op while the machine's
+        nodes are another folder's."""
+        if not self.owns_host():
+            return
         for node in self.nodes:
             node.cleanup()
         pod_namespaces = [*Path("/run/netns").glob("cni-*")]
@@ -207,12 +219,10 @@ class NodeHost:
             remove_rules(tool, RULE_COMMENT)
         remove_cgroup("kubepods")  # a node of the host's own namespace used the default cgroupRoot
         if MARKER.exists():
-            marker = json.loads(MARKER.read_text())
-            if {node.directory for node in _marked_nodes(marker)} <= {node.directory for node in self.nodes}:
-                for key, value in marker["sysctls"].items():
-                    if value is not None:
-                        write_sysctl(key, value)
-                MARKER.unlink()
+            for key, value in json.loads(MARKER.read_text())["sysctls"].items():
+                if value is not None:
+                    write_sysctl(key, value)
+            MARKER.unlink()
 
 
 def _marked_nodes(marker: dict[str, object]) -> list[Node]:

@@ -36,12 +36,13 @@ def install(
     *,
     watch_only_those: bool = False,
     replicas: int | None = None,
+    node: str | None = None,
 ) -> dict[str, Any]:
     """Create the namespaces that are missing, then `helm install` the chart: the operator's
     Deployment (image multiworld/operator:dev, never pulled; `replicas`, else the chart's) in
     `namespace`, the worker ServiceAccount in each of `worker_namespaces`; the operator watches
     every namespace, or with `watch_only_those` only those (so that several releases share a
-    cluster)."""
+    cluster); with `node`, on that node only (the chart's nodeSelector)."""
     with config.new_client_from_config(config_file=str(kubeconfig)) as api:
         core = client.CoreV1Api(api)
         for name in (namespace, *worker_namespaces):
@@ -55,6 +56,8 @@ def install(
         values["watchNamespaces"] = list(worker_namespaces)
     if replicas is not None:
         values["replicas"] = replicas
+    if node is not None:
+        values["nodeSelector"] = {"kubernetes.io/hostname": node}
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as helm_config:
         installed: dict[str, Any] = helm_config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
     if installed["status"] != "deployed":

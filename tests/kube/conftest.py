@@ -1,7 +1,8 @@
 """Fixtures for tests that need a real Kubernetes API server.
 
 `kube_cluster` (session): a fresh etcd + kube-apiserver + kube-controller-manager in a temp dir.
-`kube_node` (session): the same with real nodes (tests/cluster/node.py) holding our images.
+`kube_node` (session): the same with SESSION_NODES real nodes (tests/cluster/node.py) holding our
+images.
 `namespace` (function): a fresh namespace, deleted afterwards.
 `scene` (function): the operator serving `namespace` (see tests/support/operator_support.py).
 A missing control plane is a test error with the reason, never a skip.
@@ -24,6 +25,8 @@ from tests.cluster.cluster import Cluster
 from tests.support.operator_support import scene  # noqa: F401
 
 DEFAULT_SERVICEACCOUNT_TIMEOUT_S = 60.0
+# The node journeys run on two nodes: worlds span them, and a node can be lost.
+SESSION_NODES = 2
 # The session's clusters, in the order they start: a test needing the first runs before those
 # needing the second.
 _CLUSTERS = ("kube_cluster", "kube_node")
@@ -110,7 +113,9 @@ def _find_serviceaccount(core: client.CoreV1Api, namespace: str, name: str) -> c
 
 @pytest.fixture(scope="session")
 def kube_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A control plane with one real node (containerd, kubelet, pod network, DNS) whose runtime
-    holds our images, multiworld/operator:dev and multiworld/worker:dev. `make test` builds the
-    images first (minutes when cold); here they are only loaded."""
-    yield from _running_cluster(tmp_path_factory, nodes=1)
+    """A control plane with SESSION_NODES real nodes (each a kubelet, containerd and kube-proxy in
+    namespaces of its own, with its own pod network; cluster DNS) whose runtimes hold our images,
+    multiworld/operator:dev and multiworld/worker:dev. `make test` builds the images first
+    (minutes when cold); here they are only loaded (into a new node's image store: a minute or
+    two, once)."""
+    yield from _running_cluster(tmp_path_factory, nodes=SESSION_NODES)

@@ -300,6 +300,12 @@ def test_cli_up_runs_a_real_node_and_down_leaves_nothing(tmp_path: Path) -> None
         assert set(probe["resolved"].values()) == {probe["ip"], cluster_module.SERVICE_CLUSTER_IP}, probe
         assert probe["resolved"]["probe.peers"] == probe["ip"]
         assert probe["pods"] == ["probe"]
+        # A second cluster with a node is refused while this one runs, and leaves it running.
+        second = subprocess.run([sys.executable, *CLUSTER_CLI, "up", "--dir", str(tmp_path / "second")],
+                                capture_output=True, text=True, timeout=600, check=False, cwd=REPO)  # fmt: skip
+        assert second.returncode != 0 and "a node already runs on this machine" in second.stderr, second.stderr
+        assert _host_traces(directory)["links"], "the refused cluster removed the running one's links"
+        assert _pod_probe(cluster, "probe-again")["pods"] == ["probe"]
     finally:
         down = cli("down")
     assert down.returncode == 0, down.stderr
