@@ -56,3 +56,27 @@ def test_a_multiworld_posts_a_burst_of_events_then_says_what_it_held_back(
     assert summary.message.startswith(f"{POSTS - len(failures)} WorldFailed not posted in the last "), summary.message
     assert [e.message for e in said if e.reason == "WorldRecovered"] == ["back"]
     assert len(said) == len(failures) + 2
+
+
+def test_a_large_multiworlds_start_leaves_its_failures_their_events(kube_cluster: Cluster, namespace: str) -> None:
+    """A MultiWorld of many worlds says WorldReady for each, and its first failures are still
+    posted: the burst grows with the worlds."""
+    worlds = 128
+    multiworld: dict[str, Any] = {"metadata": {"name": "big", "namespace": namespace, "uid": str(uuid.uuid4())}}
+
+    async def scenario() -> None:
+        with kube_cluster.api_client() as api:
+            said = MultiWorldEvents(KubeApi(api), multiworld)
+            said.allow_for(worlds)
+            for n in range(worlds):
+                await said.post("Normal", "WorldReady", f"world w{n} ready")
+            for reason in ("WorldFailed", "WorldRestarting", "WorldRecovered"):
+                await said.post("Normal", reason, "world w0")
+
+    asyncio.run(scenario())
+    with kube_cluster.api_client() as api:
+        listing: Any = client.CoreV1Api(api).list_namespaced_event(namespace)
+    reasons = [e.reason for e in listing.items if e.involved_object.uid == multiworld["metadata"]["uid"]]
+    assert reasons.count("WorldReady") == worlds, reasons
+    assert {"WorldFailed", "WorldRestarting", "WorldRecovered"} <= set(reasons), reasons
+    assert SUPPRESSED not in reasons

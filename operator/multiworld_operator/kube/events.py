@@ -20,8 +20,12 @@ from .api import KubeApi
 log = logging.getLogger(__name__)
 
 # Events one MultiWorld may post: a burst, then one every EVENT_REFILL_S (client-go's recorder
-# allows an object 25 at once, then one per 5 minutes; a failure here is news sooner).
+# allows an object 25 at once, then one per 5 minutes; a failure here is news sooner). The burst
+# grows with the worlds, by what one world says when it first forms and once per failure
+# (WorldReady; WorldFailed, WorldRestarting, WorldRecovered), so that a large MultiWorld's start
+# does not spend what its first failures have to say. The spec caps the worlds (MAX_WORLDS).
 EVENT_BURST = 50
+EVENTS_PER_WORLD = 4
 EVENT_REFILL_S = 30.0
 SUPPRESSED = "EventsSuppressed"
 
@@ -49,10 +53,14 @@ class MultiWorldEvents:
             await self._post(
                 "Warning",
                 SUPPRESSED,
-                f"{held} not posted in the last {time.monotonic() - self._held_since:.0f} s: a MultiWorld "
-                f"posts {EVENT_BURST} Events at once, then one every {EVENT_REFILL_S:.0f} s",
+                f"{held} not posted in the last {time.monotonic() - self._held_since:.0f} s: this MultiWorld "
+                f"posts {self._budget.burst:.0f} Events at once, then one every {EVENT_REFILL_S:.0f} s",
             )
         await self._post(type_, reason, message)
+
+    def allow_for(self, worlds: int) -> None:
+        """Size the burst for a MultiWorld of `worlds` worlds (its spec as last parsed)."""
+        self._budget.burst = EVENT_BURST + EVENTS_PER_WORLD * worlds
 
     async def _post(self, type_: str, reason: str, message: str) -> None:
         try:

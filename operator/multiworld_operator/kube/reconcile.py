@@ -211,6 +211,7 @@ class Reconciler:
         except SpecError as error:
             await self._refuse(body, error.problems)
             return None
+        self.events.allow_for(len(multiworld.spec.worlds))
         with failing_as("reading the operator's memory"):
             await self._load(multiworld)
         if self.pods.stale():
