@@ -38,7 +38,8 @@ test-quick: $(STAMP)
 CHECKED := worker operator bench tests
 LINT := $(VENV)/bin/ruff check $(CHECKED) && $(VENV)/bin/ruff format --check $(CHECKED)
 TYPECHECK := $(VENV)/bin/mypy
-# No import cycle among the packages' modules, lazy and type-hint imports included.
+# No import cycle among the packages' modules, lazy and type-hint imports included, and no import
+# that breaks the layer table of docs/architecture.md (its data: tests/support/layers.py).
 IMPORTS := $(PY) -m tests.support.import_graph worker/multiworld operator/multiworld_operator
 check: $(STAMP)
 	@started=$$(date +%s) && $(LINT) && $(TYPECHECK) && $(IMPORTS) && $(call took,check)
