@@ -19,13 +19,26 @@ to MAX_LINE bytes, messages and bytes per pod whatever its connections (a reconn
 not refill them), and what the platform has written to a connection and the worker has not
 read (past MAX_UNSENT the connection is dropped). Past a bound the connection is refused (the
 worker is told why, and reconnects more slowly), said in the log once a minute per source.
+
+A worker's host that goes silent (powered off, cut off the network) closes nothing: no FIN, no
+RST ever comes. The server has the kernel probe each worker's connection (TCP keepalive, and a
+user timeout for what it sends): a connection that gets no acknowledgement for LOST_AFTER_S ends
+with ETIMEDOUT, and `on_lost` hears of its speaker. The kernel, not the worker's process,
+answers the probes: a frozen or busy process is not lost, a process that exits closes its
+connection; only a host that stopped answering is. A connection whose instance is no longer its
+pod's (`keep_only`: replaced, most often named by its peers a second after its host went silent)
+is retired rather than closed: it gets nothing more and what it sends is read and dropped, but it
+is probed on for RETIRED_PROBE_S, so that `on_lost` still says whether its host was lost (whose
+node the platform then avoids) or its process merely ended (the connection closes first).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -78,6 +91,14 @@ HELLOS_PER_S = 1.0
 MAX_UNSENT = 1 * MIB
 # How long a refusal may take to write before the connection is closed without it.
 REFUSE_WRITE_S = 1.0
+# A worker's connection that gets no TCP acknowledgement for this long is lost with its host: a
+# keepalive probe after KEEPALIVE_IDLE_S of quiet, then one a second (the kernel answers them,
+# whatever its process does); what the server sends gives up after the same time unacknowledged.
+LOST_AFTER_S = 5
+KEEPALIVE_IDLE_S = 2
+KEEPALIVE_INTERVAL_S = 1
+# How long a retired connection (its instance replaced) is kept, probed, before it is closed.
+RETIRED_PROBE_S = LOST_AFTER_S + 2.0
 # A warning of the channel (a refusal, a silent or junk connection) is said once per kind and
 # source this often, with a count of the ones held back; sources remembered at most.
 LOG_EVERY_S = 60.0
@@ -120,9 +141,11 @@ class ChannelServer:
         on_report: Callable[[Speaker, BrokenWorldReport], None],
         on_status: Callable[[Speaker, WorkerStatus], None],
         authenticate: Authenticate = trust_hello,
+        on_lost: Callable[[Speaker], None] | None = None,
     ) -> None:
         self._on_report = on_report
         self._on_status = on_status
+        self._on_lost = on_lost
         self._authenticate = authenticate
         self._tables: dict[Hashable, WorldTable] = {}
         self._writers: dict[tuple[Hashable, str], asyncio.StreamWriter] = {}
@@ -130,6 +153,9 @@ class ChannelServer:
         self._uids: dict[tuple[Hashable, str], str] = {}
         # Per pod: the entries last sent to it.
         self._sent: dict[tuple[Hashable, str], WorldTable] = {}
+        # Connections of instances no longer their pod's, probed until they end (at most
+        # RETIRED_PROBE_S): their speakers.
+        self._retired: dict[asyncio.StreamWriter, Speaker] = {}
         self._server: asyncio.Server | None = None
         # Connections that have not proven who speaks yet.
         self._greeters = _Greeters()
@@ -157,18 +183,28 @@ class ChannelServer:
     def forget(self, group: Hashable) -> None:
         """The group is gone (its MultiWorld deleted): close its connections, drop its table."""
         self._tables.pop(group, None)
-        self.keep_only(group, lambda pod, uid: False)
+        self.keep_only(group, lambda pod, uid: False, probe=False)
+        for writer in [writer for writer, speaker in self._retired.items() if speaker.group == group]:
+            writer.close()
 
-    def keep_only(self, group: Hashable, current: Callable[[str, str], bool]) -> None:
-        """Close each connection of `group` whose instance, `current(pod, uid)` says, is no longer
-        its pod's (deleted, being deleted, replaced). A table is sent by pod name: without this,
-        such an instance would get the entries of the pod's next instance, and with them each
-        world's secret at an epoch it holds no rank in (multiworld_operator.world_secrets)."""
+    def keep_only(self, group: Hashable, current: Callable[[str, str], bool], *, probe: bool = True) -> None:
+        """Retire each connection of `group` whose instance, `current(pod, uid)` says, is no longer
+        its pod's (deleted, being deleted, replaced), or close it unless `probe`. A table is sent by
+        pod name: without this, such an instance would get the entries of the pod's next instance,
+        and with them each world's secret at an epoch it holds no rank in
+        (multiworld_operator.world_secrets). A retired connection gets nothing and is heard no
+        more; it is closed when it ends, when its host is found lost, or RETIRED_PROBE_S later."""
         for key in [key for key in self._writers if key[0] == group]:
-            if not current(key[1], self._uids.get(key, "")):
-                self._writers.pop(key).close()
+            uid = self._uids.get(key, "")
+            if not current(key[1], uid):
+                writer = self._writers.pop(key)
                 self._sent.pop(key, None)
                 self._uids.pop(key, None)
+                if probe and not writer.is_closing():
+                    self._retired[writer] = Speaker(group, key[1], uid)
+                    asyncio.get_running_loop().call_later(RETIRED_PROBE_S, writer.close)
+                else:
+                    writer.close()
 
     def _send(self, group: Hashable, pod: str, writer: asyncio.StreamWriter) -> None:
         table = self._tables.get(group)
@@ -218,8 +254,11 @@ class ChannelServer:
                 self._greeters.leave(writer)
             if speaker is None:
                 return
-            key = (speaker.group, speaker.pod)
+            key: Hashable = (speaker.group, speaker.pod)
+            _probe_silence(writer)
             while line := await reader.readline():
+                if writer in self._retired:  # its own budget: the pod's next instance keeps the pod's
+                    key = (speaker.group, speaker.pod, speaker.uid)
                 if not (self._messages.take(key) and self._bytes.take(key, len(line))):
                     await self._refuse(
                         writer,
@@ -227,13 +266,26 @@ class ChannelServer:
                         f"once, or than {MESSAGES_PER_S:g} messages or {BYTES_PER_S // KIB} KiB a second after",
                     )
                     return
-                self._receive(speaker, line)
+                if writer not in self._retired:  # a retired instance is no longer heard
+                    self._receive(speaker, line)
         except (ConnectionError, ValueError, asyncio.IncompleteReadError):
             pass  # gone, or a line over MAX_LINE: the worker reconnects
+        except OSError as error:
+            if error.errno != errno.ETIMEDOUT:
+                raise
+            # No acknowledgement for LOST_AFTER_S: the worker's host went silent.
+            lost = self._retired.get(writer)
+            if lost is None and speaker is not None and self._writers.get((speaker.group, speaker.pod)) is writer:
+                lost = speaker
+            if lost is not None:
+                log.warning("pod %s (%s) stopped answering: lost with its host", lost.pod, _peer(writer))
+                if self._on_lost is not None:
+                    self._on_lost(lost)
         finally:
             if speaker is not None and self._writers.get((speaker.group, speaker.pod)) is writer:
                 del self._writers[(speaker.group, speaker.pod)]
                 self._uids.pop((speaker.group, speaker.pod), None)
+            self._retired.pop(writer, None)
             writer.close()
 
     async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Speaker | None:
@@ -291,9 +343,10 @@ class ChannelServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-            for writer in self._writers.values():
+            for writer in [*self._writers.values(), *self._retired]:
                 writer.close()
             self._writers.clear()
+            self._retired.clear()
             await self._server.wait_closed()
 
 
@@ -382,6 +435,24 @@ class Budgets:
             }
             self._prune_at = max(PRUNE_BUDGETS_FROM, 2 * len(self._buckets))
         return taken
+
+
+def _probe_silence(writer: asyncio.StreamWriter) -> None:
+    """Have the kernel end the connection with ETIMEDOUT once its peer acknowledges nothing for
+    LOST_AFTER_S (keepalive probes while it is quiet, the user timeout while data waits)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    probes = max(1, (LOST_AFTER_S - KEEPALIVE_IDLE_S) // KEEPALIVE_INTERVAL_S)
+    for option, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", probes),
+        ("TCP_USER_TIMEOUT", LOST_AFTER_S * 1000),
+    ):
+        if hasattr(socket, option):  # Linux has them all; elsewhere a host's silence goes unseen
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def _host(writer: asyncio.StreamWriter) -> str:

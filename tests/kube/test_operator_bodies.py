@@ -1,13 +1,13 @@
 """The Kubernetes platform's pure parts, no API server: world ports, what a pod listing means
-to the planner, the pod cache, which worker reports count, the memory's ConfigMap, and the
-status of an invalid spec."""
+to the planner, the pod cache, which worker reports count, pods lost with their hosts, the
+memory's ConfigMap, and the status of an invalid spec."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,8 +19,10 @@ from multiworld.contract import (
     WorldEntry,
     WorldTable,
 )
+from multiworld_operator.channel_server import LOST_AFTER_S
 from multiworld_operator.kube import observe
 from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, pod_body
+from multiworld_operator.kube.lost_hosts import AVOID_S, MAX_REPLACED, LostHosts
 from multiworld_operator.kube.observe import observe_pods, pod_addresses
 from multiworld_operator.kube.planner_memory import MEMORY_KEY, memory_body, read_memory
 from multiworld_operator.kube.pod_cache import PodCache
@@ -124,6 +126,118 @@ def test_observation_of_a_listing() -> None:
     assert seen.reports == [report]
     assert seen.present == {n: f"uid-{n}" for n in ("mw-a-1", "mw-a-0", "mw-b-0", "mw-b-1")}
     assert seen.terminating == {"mw-b-0"}
+
+
+def test_an_instance_lost_with_its_host_has_ended_for_the_planner() -> None:
+    """The API still says Running (the node's kubelet is silent, not dead to Kubernetes yet); the
+    planner sees the lost instance Failed, saying which node went and when, and every other
+    instance on that node (one placed there before the loss was known too), but none that had
+    ended already or is being deleted, nor any elsewhere; a lost instance no longer there is
+    forgotten, and the node is said once."""
+    cache = PodCache(OWNER)
+    placed = [
+        (pod("mw-a-0"), "node-2"),
+        (pod("mw-a-1", "Succeeded"), "node-2"),
+        (pod("mw-b-0", deletionTimestamp="2030-01-01T00:00:00Z"), "node-2"),
+        (pod("mw-b-1"), "node-1"),
+    ]
+    cache.listed([{**item, "spec": {"nodeName": node}} for item, node in placed], "100")
+    assert {p.name: p.node for p in cache.pods()}["mw-a-0"] == "node-2"
+    lost = LostHosts()
+    assert lost.lost("uid-mw-a-0", "mw-a-0", "node-2", NOW)
+    assert not lost.lost("uid-mw-a-0", "mw-a-0", "node-2", NOW + timedelta(seconds=1))  # heard once
+    assert lost.lost("uid-of-a-gone-instance", "mw-c-0", "node-2", NOW)
+    assert lost.take_news() == [
+        "node node-2 lost at 2030-01-01T00:00:00Z: the worker of pod mw-a-0 there got no acknowledgement for "
+        f"{LOST_AFTER_S} s; every pod there is replaced on another node, and new pods are kept off it for "
+        f"{AVOID_S:.0f} s"
+    ]
+    assert lost.take_news() == []  # said once
+    reasons = lost.reasons({p.uid: p.node for p in cache.pods()})
+    # Every instance on the lost node is lost with it, heard or not; none elsewhere (mw-b-0,
+    # being deleted, is not the cache's).
+    assert set(reasons) == {"uid-mw-a-0", "uid-mw-a-1"}
+    by_name = {p.name: p for p in observe_pods(cache.pods(), {}, [], lost=reasons).pods}
+    assert (by_name["mw-a-0"].phase, by_name["mw-a-1"].phase, by_name["mw-b-1"].phase) == (
+        "Failed",
+        "Succeeded",
+        "Running",
+    )
+    assert by_name["mw-a-0"].message.startswith("lost with node node-2 at 2030-01-01T00:00:00Z: its worker's "), by_name
+    assert "mw-b-0" not in by_name  # being deleted: gone for the planner anyway
+    # A replacement placed on the lost node before the loss was known never starts: lost too.
+    assert lost.reasons({"uid-new": "node-2", "uid-pending": ""}) == {
+        "uid-new": "lost with node node-2 at 2030-01-01T00:00:00Z: a worker's connection there got no "
+        f"acknowledgement for {LOST_AFTER_S} s (powered off or cut off the network)"
+    }
+
+
+def test_a_replaced_instance_found_lost_names_its_node() -> None:
+    """Peers name a silent pod within a second and it is replaced; its connection times out
+    seconds later, when the cache no longer has it: its node is remembered from the replacement."""
+    lost = LostHosts()
+    lost.replaced("uid-old", "node-3")
+    lost.replaced("uid-unplaced", "")
+    assert lost.lost("uid-old", "mw-a-0", "", NOW)
+    assert lost.avoid(NOW) == ["node-3"]
+    assert [m.split(":")[0] for m in lost.take_news()] == ["node node-3 lost at 2030-01-01T00"]
+    assert lost.lost("uid-unplaced", "mw-a-1", "", NOW)  # where is unknown: no node to avoid
+    assert lost.avoid(NOW) == ["node-3"] and lost.take_news() == []
+    for n in range(MAX_REPLACED + 1):
+        lost.replaced(f"uid-{n}", "node-4")
+    lost.lost("uid-0", "mw-b-0", "", NOW)  # forgotten: the oldest beyond MAX_REPLACED
+    assert lost.avoid(NOW) == ["node-3"]
+
+
+def test_a_lost_node_is_kept_out_of_new_pods_for_a_while() -> None:
+    """Each of the template's node selector terms rules the lost nodes out (they are ORed), by
+    name; the template's own affinity stays; AVOID_S later a new pod may go there again."""
+    lost = LostHosts()
+    lost.lost("uid-1", "mw-a-0", "node-2", NOW)
+    lost.lost("uid-2", "mw-a-1", "node-3", NOW + timedelta(seconds=10))
+    lost.lost("uid-3", "mw-a-2", "", NOW)  # never placed: no node to avoid
+    assert lost.avoid(NOW + timedelta(seconds=5)) == ["node-2", "node-3"]
+    assert lost.avoid(NOW + timedelta(seconds=AVOID_S + 5)) == ["node-3"]
+    assert lost.avoid(NOW + timedelta(seconds=AVOID_S + 15)) == []
+
+    multiworld = {"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}
+    zone = {"key": "zone", "operator": "In", "values": ["a"]}
+    preferred = [{"weight": 1, "preference": {"matchExpressions": [zone]}}]
+    template: dict[str, Any] = {
+        "spec": {
+            "containers": [{"name": "c"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [zone]}, {"matchFields": [zone]}]
+                    },
+                    "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+                },
+                "podAntiAffinity": {"x": 1},
+            },
+        }
+    }
+    action = CreatePod(pod="mw-a-0", member="a", ordinal=0, created_for={}, worlds=[], template=template)
+    off = {"key": "metadata.name", "operator": "NotIn", "values": ["node-2", "node-3"]}
+    affinity = pod_body(action, multiworld, "operator://o:1", ["node-3", "node-2"])["spec"]["affinity"]
+    assert affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [zone], "matchFields": [off]},
+        {"matchFields": [zone, off]},
+    ]
+    assert affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == preferred
+    assert affinity["podAntiAffinity"] == {"x": 1}
+    assert template["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [zone]}, {"matchFields": [zone]}]
+    }  # not mutated
+    bare = CreatePod(pod="mw-b-0", member="b", ordinal=0, created_for={}, worlds=[], template={"spec": {}})
+    assert pod_body(bare, multiworld, "operator://o:1", ["node-2"])["spec"]["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [{**off, "values": ["node-2"]}]}]
+            }
+        }
+    }
+    assert "affinity" not in pod_body(bare, multiworld, "operator://o:1")["spec"]
 
 
 def test_a_tenants_annotation_is_ignored_at_a_bounded_cost_and_said_once(caplog: pytest.LogCaptureFixture) -> None:

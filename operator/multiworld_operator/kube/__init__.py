@@ -25,6 +25,8 @@ status subresource, Events).
   replica and across restarts, in a Secret the chart makes empty and the first replica fills.
 - `worker_identity`: which pod a worker channel connection speaks for (its token, a TokenReview).
 - `worker_inbox`: what one MultiWorld's workers said: their status, and the reports that count (pure).
+- `lost_hosts`: the pod instances lost with their hosts (their worker's channel went unanswered):
+  ended for the planner, their nodes kept out of new pods a while (pure).
 - `status_writer`: the status subresource: the planner's view, a refusal, a failed step.
 - `events`: the Events on a MultiWorld, best effort, a recurring refusal posted once.
 - `metrics`: the Prometheus metrics (`--metrics-port`): the statuses read at scrape time, and

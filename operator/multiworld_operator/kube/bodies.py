@@ -84,11 +84,26 @@ def _quantities_as_strings(resources: dict[str, Any]) -> None:
                     amounts[name] = str(amount)
 
 
-def pod_body(action: CreatePod, multiworld: Mapping[str, Any], channel_url: str) -> dict[str, Any]:
+def _keep_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
+    """A required node affinity that rules out `nodes` (by name), added to each of the
+    template's node selector terms (they are ORed: each must rule them out) or as the one term."""
+    off = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    affinity = spec["affinity"] = dict(spec.get("affinity") or {})
+    node_affinity = affinity["nodeAffinity"] = dict(affinity.get("nodeAffinity") or {})
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    required = node_affinity[key] = dict(node_affinity.get(key) or {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [{**term, "matchFields": [*(term.get("matchFields") or []), off]} for term in terms]
+
+
+def pod_body(
+    action: CreatePod, multiworld: Mapping[str, Any], channel_url: str, avoid_nodes: Sequence[str] = ()
+) -> dict[str, Any]:
     """The pod for `action`, from its member's template: our labels, the created-for stamp,
     the worker contract's environment in every container (its live table from the operator at
     `channel_url`) with the pod's token mounted, restartPolicy Never (the operator, not the
-    kubelet, decides what a failure costs)."""
+    kubelet, decides what a failure costs), and kept off `avoid_nodes` (nodes just lost:
+    lost_hosts.py) whatever else its template's node affinity says."""
     meta = multiworld["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     template = copy.deepcopy(dict(action.template))
@@ -112,6 +127,8 @@ def pod_body(action: CreatePod, multiworld: Mapping[str, Any], channel_url: str)
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         _quantities_as_strings(container.get("resources") or {})
     spec.update(restartPolicy="Never", hostname=action.pod, subdomain=name)
+    if avoid_nodes:
+        _keep_off(spec, avoid_nodes)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -159,7 +159,7 @@ class Controller:
         self.bodies: dict[Key, Mapping[str, Any]] = {}
         self.loops: dict[Key, ReconcileLoop] = {}
         self.channel = ChannelServer(
-            self._worker_report, self._worker_status, PodIdentities(api, self._locate).authenticate
+            self._worker_report, self._worker_status, PodIdentities(api, self._locate).authenticate, self._worker_lost
         )
         self.channel_url = ""
         # Until then, workers may still be reconnecting to this replica (reconcile.py).
@@ -199,6 +199,11 @@ class Controller:
     def _worker_report(self, speaker: Speaker, report: BrokenWorldReport) -> None:
         loop = self.loops.get(cast(Key, speaker.group))
         if loop is not None and loop.reconciler.worker_report(speaker, report):
+            loop.poke()
+
+    def _worker_lost(self, speaker: Speaker) -> None:
+        loop = self.loops.get(cast(Key, speaker.group))
+        if loop is not None and loop.reconciler.worker_lost(speaker):
             loop.poke()
 
     async def multiworld_changed(self, body: Mapping[str, Any], deleted: bool) -> None:

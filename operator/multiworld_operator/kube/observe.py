@@ -8,6 +8,9 @@
 - `created_for` comes back from the pod's annotation; what its worker holds (WorkerStatus) and
   the reports the operator accepted from workers come from the worker channel (worker_inbox.py),
   never from anything a worker could write into the API.
+- An instance lost with its host (its worker's channel got no acknowledgement: lost_hosts.py) has
+  ended for the planner, whatever the API still says of it (Running, until Kubernetes notices
+  the node): it is Failed, with the node and the moment in its message.
 """
 
 from __future__ import annotations
@@ -98,6 +101,10 @@ class ContainerStatus(_Lenient):
     state: ContainerState = Field(default_factory=ContainerState)
 
 
+class PodSpecView(_Lenient):
+    node_name: str = Field("", alias="nodeName")
+
+
 class PodState(_Lenient):
     phase: str = "Pending"
     conditions: list[PodCondition] = Field(default_factory=list)
@@ -133,6 +140,7 @@ class KubePod(_Lenient):
     """The fields of a Pod the operator reads."""
 
     metadata: ObjectMeta
+    spec: PodSpecView = Field(default_factory=PodSpecView)
     status: PodState = Field(default_factory=PodState)
 
 
@@ -162,6 +170,8 @@ class SeenPod(BaseModel):
     plays: str = ""
     # Its pod IP, once it has one: a peer's failed op may name it (worker_inbox.py).
     ip: str = ""
+    # The node it was placed on, once it is (lost_hosts.py: a lost host's node is avoided).
+    node: str = ""
 
 
 def see_pod(item: Mapping[str, Any], owner_uid: str, running_since: datetime | None = None) -> SeenPod:
@@ -189,6 +199,7 @@ def see_pod(item: Mapping[str, Any], owner_uid: str, running_since: datetime | N
         uid=meta.uid,
         plays=meta.labels.get(PLAYS_LABEL, ""),
         ip=pod.status.pod_ip,
+        node=pod.spec.node_name,
         observation=observation,
     )
 
@@ -209,12 +220,14 @@ def observe_pods(
     reports: Iterable[BrokenWorldReport],
     *,
     silent_is_unjoined: bool = False,
+    lost: Mapping[str, str] | None = None,
 ) -> ObservedPods:
     """The pods with what their workers hold (`workers`: pod uid -> its latest WorkerStatus, so a
     new instance of a pod never inherits its predecessor's), and the reports accepted. A pod whose
     worker said nothing counts as holding what the planner assumes of a program without the
     worker library (joined: unknown), unless `silent_is_unjoined` (an operator that just started,
-    whose workers have not reconnected yet: it must not take them for joined)."""
+    whose workers have not reconnected yet: it must not take them for joined). `lost`: pod uid ->
+    why that instance is lost with its host; such a pod that has not ended is Failed, saying why."""
     seen = ObservedPods(reports=list(reports))
     for pod in pods:
         seen.present[pod.name] = pod.uid
@@ -234,6 +247,9 @@ def observe_pods(
                 )
             elif silent_is_unjoined:
                 observation = observation.model_copy(update={"joined": {}})
+            why = (lost or {}).get(pod.uid)
+            if why is not None and observation.phase in ("Pending", "Running"):
+                observation = observation.model_copy(update={"phase": "Failed", "message": why})
             seen.pods.append(observation)
     return seen
 

@@ -51,6 +51,7 @@ from .bodies import plays_labels, pod_body, rendezvous_host, selector
 from .configmap_writer import ConfigMapWriter
 from .errors import CreateRefused, StepFailed, failing_as, not_ours, step_failure
 from .events import MultiWorldEvents
+from .lost_hosts import NODE_LOST, LostHosts
 from .memory_store import PlannerMemoryStore
 from .metrics import OperatorMetrics
 from .networking import Networking
@@ -121,6 +122,7 @@ class Reconciler:
         self.events = MultiWorldEvents(self.api, self.body)
         # A MultiWorld made again under this name (a new uid) shares no secret with the one before.
         self.secrets = WorldSecrets(self.world_key, f"{namespace}/{name}/{uid}")
+        self.lost = LostHosts()
         self._parsed: tuple[tuple[str, int | None], MultiWorld] | None = None
 
     @property
@@ -167,6 +169,16 @@ class Reconciler:
             return False  # an instance already replaced: what it saw is history
         self.inbox.report(speaker.pod, report, self._published)
         return True
+
+    def worker_lost(self, speaker: Speaker) -> bool:
+        """A pod's worker stopped answering with its host (the channel's probes went unanswered:
+        that instance's, current or replaced lately); True when it is news: that instance has
+        ended, and every other on its node, which is kept out of new pods (lost_hosts.py)."""
+        node = next((pod.node for pod in self.pods.pods() if pod.uid == speaker.uid), "")
+        news = self.lost.lost(speaker.uid, speaker.pod, node, datetime.now(UTC))
+        if news:
+            log.warning("%s/%s: pod %s (%s) lost with its node", self.namespace, self.name, speaker.pod, speaker.uid)
+        return news
 
     @property
     def _published(self) -> WorldTable | None:
@@ -231,13 +243,17 @@ class Reconciler:
             self._published or WorldTable(), {pod.uid for pod in pods}, pod_addresses(pods)
         )
         previous = self.memory.remembered
-        planned = await asyncio.to_thread(self._plan_step, multiworld, previous, pods, workers, reports)
+        lost = self.lost.reasons({pod.uid: pod.node for pod in pods})
+        planned = await asyncio.to_thread(self._plan_step, multiworld, previous, pods, workers, reports, lost)
         result, seen = planned.result, planned.seen
         with failing_as(f"storing the operator's memory (ConfigMap {self.name})"):
             refused = await self.memory.remember(body, result.status)
         if refused:
             await self._refused([refused])  # nothing goes out before the memory
         self.metrics.step_taken(self.key, previous, result.status)
+        placed = {pod.uid: pod.node for pod in pods}
+        for uid in planned.deletes.values():  # its connection, probed on, may yet say its node is lost
+            self.lost.replaced(uid, placed.get(uid, ""))
         with failing_as("deleting pods"):
             await gather_bounded(self._delete_pod(pod, uid) for pod, uid in planned.deletes.items())
         # An instance no longer its pod's gets no later table (and no world's later secret).
@@ -250,6 +266,7 @@ class Reconciler:
         with failing_as("writing the status"):
             await self.status.show(result.status)
         await gather_bounded(self.events.post(e.type, e.reason, e.message) for e in planned.events)
+        await gather_bounded(self.events.post("Warning", NODE_LOST, m) for m in self.lost.take_news())
         await gather_bounded(self.events.post("Warning", REPORT_REFUSED, m) for m in self.inbox.take_refusals())
         if failures:
             await self._refused(failures)
@@ -265,15 +282,17 @@ class Reconciler:
         pods: list[SeenPod],
         workers: Mapping[str, WorkerStatus],
         reports: list[BrokenWorldReport],
+        lost: Mapping[str, str],
     ) -> Planned:
         """The step's plan, in a worker thread (pure: it only reads its arguments). A plan that
         deletes pods is followed by one from its status that sees them gone, so that their
         replacements are created in this step rather than on the next watch event; the last
-        plan's status (the memory, stored before any delete) accounts for every delete."""
+        plan's status (the memory, stored before any delete) accounts for every delete. `lost`: pod
+        uid -> why that instance is lost with its host (lost_hosts.py)."""
         deletes: dict[str, str] = {}
         events: list[EmitEvent] = []
         for _ in range(REPLANS):
-            seen = observe_pods(pods, workers, reports, silent_is_unjoined=self._reconnecting())
+            seen = observe_pods(pods, workers, reports, silent_is_unjoined=self._reconnecting(), lost=lost)
             result = self._plan(multiworld, previous, seen)
             events += result.events
             batch = {
@@ -340,7 +359,8 @@ class Reconciler:
             return None  # created once the old instance (or an older MultiWorld's pod) is gone
         try:
             created = await self.api.create_pod(
-                self.namespace, pod_body(self.secrets.create(create), body, self.channel_url)
+                self.namespace,
+                pod_body(self.secrets.create(create), body, self.channel_url, self.lost.avoid(datetime.now(UTC))),
             )
         except ApiException as error:
             if error.status is not None and error.status >= 500:
