@@ -243,6 +243,20 @@ def test_report_at_current_epoch_fails_the_world_and_keeps_the_shared_pod() -> N
     assert "peer timed out" in failure.message and W2_0 in failure.message
 
 
+def test_a_shared_pod_its_worlds_name_a_step_apart_is_replaced() -> None:
+    """A leader cut off the network: world2's peer names it first, and it stays (world1 still
+    runs); world1's peer names it a step later. world2 has not formed again since, so no world
+    shows the leader alive: it goes now, not at the join timeout."""
+    sim = running()
+    sim.frozen.add(LEADER)
+    sim.report("world2", epoch=1, pod=W2_0, peer_rank=0)
+    assert sim.step().deletes == []
+    sim.report("world1", epoch=1, pod=W1_0, peer_rank=0)
+    deletes = {d.pod: d.reason for d in sim.step().deletes}
+    assert deletes == {LEADER: "named by a peer as the culprit of world world1 epoch 1"}
+    assert (sim.epoch("world1"), sim.epoch("world2")) == (2, 2)
+
+
 # failurePolicy.joinTimeout's default: the planner looks again then at a kept pod not seen joining.
 JOIN_TIMEOUT_S = 300.0
 JOIN_TIMED_OUT = "join failed: world 'world1' epoch 1: timed out waiting for rank(s) 2"

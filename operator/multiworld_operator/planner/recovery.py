@@ -22,8 +22,10 @@
   neither joined it nor is joining it (a frozen process is Running to Kubernetes). Two pods
   that name each other (a partition, or one broken link) cancel out: neither is named, both
   stay, and the new epoch's join decides between them. A named pod that still holds a rank in
-  a healthy world stays too (a frozen process would break that world as well): one report
-  never moves a healthy world; the join timeout decides. Every other pod stays and joins the
+  a healthy world (Running, or one whose current epoch it joined) stays too (a frozen process
+  would break that world as well): one report never moves a healthy world; the join timeout
+  decides. A world that failed before and has not formed again is not healthy: a pod of two
+  worlds whose peers name it one step apart goes at the second report. Every other pod stays and joins the
   new epoch through the table. `World`: a live pod of a world that just failed is also
   replaced when all its worlds have failed (none is up other than by restarting from this
   failure). A replaced pod fails the other worlds whose current epoch it took part in.
@@ -252,8 +254,18 @@ class _Recovery:
                 if record is not None and not record.observed and not record.spare:
                     del step.records[pod]  # asked for, not made yet: asked again for the new epoch
             for pod in sorted(self.culprits.get(world, ())):
-                if not any(step.worlds[w].up and w not in self.failed_now for w in step.pod_worlds[pod]):
+                if not any(self._alive_in(pod, w) for w in step.pod_worlds[pod]):
                     self._replace(pod, f"named by a peer as the culprit of world {world} epoch {failure.epoch}")
+
+    def _alive_in(self, pod: str, world: str) -> bool:
+        """Whether `pod` holds a rank in `world` that shows it alive: the world did not fail in
+        this step and runs, or the pod joined its current epoch. A world that failed in an
+        earlier step and has not formed again says nothing of it (a pod of two worlds is named
+        by each world's peers in turn, a step apart)."""
+        state = self.step.worlds[world]
+        if not state.up or world in self.failed_now:
+            return False
+        return state.phase == "Running" or self.step.ready(pod, world, state.epoch)
 
     def _replace_ended(self) -> None:
         """A pod that finished before it joined the current epoch of one of its worlds that is up
