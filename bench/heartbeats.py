@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.support import bench_common as common
+from tests.support.cpu_load import cpu_seconds
 
 SETTLE_S = 2.0
 POLL_S = 0.002
@@ -181,12 +182,6 @@ class PairTrial:
     idle: dict[str, Idle]
     detect_s: float
     reasons: list[str]
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def status_field(pid: int, name: str) -> int:

@@ -87,16 +87,29 @@ def test_collectives_reports_a_ratio_per_op_and_size() -> None:
 
 
 @pytest.mark.timeout(RUN_S + 60)
-def test_failover_reports_detection_per_failure_and_the_other_world() -> None:
+def test_failover_reports_detection_and_false_verdicts_with_and_without_load() -> None:
     figures = run_bench("failover")
     assert set(figures) == {"failover"}
     failover = figures["failover"]
-    assert set(failover) == {"detect_s", "other_world"}
-    assert set(failover["detect_s"]) == {"crash_busy", "crash_idle", "frozen", "store_host"}
-    assert all(spread(v) for v in failover["detect_s"].values()), failover["detect_s"]
-    other = failover["other_world"]
-    assert set(other) == {"worst_gap_ratio", "errors"}
-    assert positive(other["worst_gap_ratio"]) and error_count(other["errors"]), other
+    assert set(failover) == {"settings", "other_world_errors", "phases"}
+    assert set(failover["settings"]) == {"heartbeat_interval", "dead_after"}
+    assert all(positive(v) for v in failover["settings"].values()), failover["settings"]
+    assert error_count(failover["other_world_errors"]), failover
+    # A baseline, and the same with the bench's own busy processes (2 with --quick).
+    assert set(failover["phases"]) == {"baseline", "loaded"}, failover["phases"]
+    for name, phase in failover["phases"].items():
+        keys = {"load", "load_cores", "detect_s", "soak", "false_verdicts_in_trials", "other_world"}
+        assert set(phase) == keys, phase
+        assert phase["load"] == (0 if name == "baseline" else 2), phase
+        assert phase["load_cores"] >= 0 and error_count(phase["false_verdicts_in_trials"]), phase
+        assert set(phase["detect_s"]) == {"crash_busy", "crash_idle", "frozen", "frozen_host", "store_host"}
+        assert all(spread(v) for v in phase["detect_s"].values()), phase["detect_s"]
+        soak = phase["soak"]
+        counts = {"false_verdicts", "false_verdicts_joining", "late_readings", "called_off"}
+        assert set(soak) == counts | {"seconds", "worlds", "longest_silence_s"}, soak
+        assert positive(soak["seconds"]) and soak["worlds"] == 7, soak
+        assert all(error_count(soak[c]) for c in counts) and positive(soak["longest_silence_s"]), soak
+        assert positive(phase["other_world"]["worst_gap_ratio"]), phase
 
 
 @pytest.mark.timeout(RUN_S + 60)

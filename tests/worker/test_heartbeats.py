@@ -1,5 +1,5 @@
-"""Heartbeats: switched off, their requests as worlds grow in ranks and in number, and a frozen
-process seen in every world it shares.
+"""Heartbeats: switched off, their requests as worlds grow in ranks and in number, a frozen
+process seen in every world it shares, and no verdict on saturated cores.
 
 In-process cases put every member of a world in this one process: a WorldManager each, so a
 failure detector each, as separate processes would have (gloo over loopback). A frozen peer
@@ -15,10 +15,17 @@ import pytest
 import torch
 
 import multiworld as mw
+from tests.support.cpu_load import BusyProcesses
 from tests.support.worker_support import TEST_DETECT, assignment, free_ports, static_env
 
 QUIET = mw.DetectConfig(heartbeat=False, join_timeout=30, op_timeout=30)
 BEATING = mw.DetectConfig(heartbeat_interval=0.05, dead_after=5.0, join_timeout=30, op_timeout=30)
+# Saturated cores: busy processes, two per core, for this long with no fault.
+BUSY_PROCESSES = 4
+SATURATED_S = 30.0
+# A frozen peer is still judged dead on saturated cores within this many dead_afters: generous,
+# since the judges themselves run late there (bench/failover.py --load times it).
+JUDGED_WITHIN_DEAD_AFTERS = 3.0
 
 
 def join_everywhere(managers: list[mw.WorldManager], worlds: list[str], ports: list[int]) -> list[dict[str, mw.World]]:
@@ -146,3 +153,42 @@ def test_a_members_verdict_reaches_the_host_and_the_other_members() -> None:
     finally:
         for manager in managers:
             manager.close()
+
+
+def steps_of(member, world: str) -> int:
+    return max((e["steps"] for e in member.named("progress") if e["world"] == world), default=0)
+
+
+def test_saturated_cores_give_no_verdict_and_a_frozen_peer_is_still_judged_dead(spawn) -> None:
+    """A and B share a busy world (A hosts it) and an idle one (B hosts it), with the shipped
+    detection settings. Once both have joined (new connections to a store can stall it: see
+    bench/failover.py), busy processes saturate the cores for SATURATED_S: neither sees a
+    verdict. Then B is SIGSTOPped under the same load: A judges it dead in both worlds, by its
+    heartbeat in the world A hosts and by the stall of its store in the other, within
+    JUDGED_WITHIN_DEAD_AFTERS x dead_after."""
+    dead_after = mw.DetectConfig().dead_after
+    p1, p2 = free_ports(2)
+    args = {"worlds": {"w1": "busy", "w2": "idle"}}
+    a = spawn("steady", args, static_env("A", [assignment("w1", 0, 2, p1), assignment("w2", 1, 2, p2)]))
+    b = spawn("steady", args, static_env("B", [assignment("w1", 1, 2, p1), assignment("w2", 0, 2, p2)]))
+    a.wait_for("joined")
+    b.wait_for("joined")
+    with BusyProcesses(BUSY_PROCESSES) as busy:
+        before = steps_of(a, "w1")
+        time.sleep(SATURATED_S)
+        print(f"\n{BUSY_PROCESSES} busy processes took {busy.cores():.2f} cores for {SATURATED_S:.0f} s")
+        assert not a.named("broken") and not b.named("broken"), (a.named("broken"), b.named("broken"))
+        assert steps_of(a, "w1") > before, "w1 made no progress on saturated cores"
+        frozen_at = time.time()
+        b.signal(signal.SIGSTOP)
+        broken = {name: a.wait_for("broken", world=name) for name in ("w1", "w2")}
+    for name, event in broken.items():
+        took = event["at"] - frozen_at
+        print(f"{name}: B judged dead after {took * 1000:.0f} ms on saturated cores ({event['reason']})")
+        assert took < JUDGED_WITHIN_DEAD_AFTERS * dead_after, (name, took, event)
+        assert event["peer_rank"] == (1 if name == "w1" else 0), event
+    assert "rank 1 sent no heartbeat" in broken["w1"]["reason"], broken
+    assert "store host did not answer" in broken["w2"]["reason"], broken
+    a.tell("stop")
+    assert a.wait_exit() == 0, a.stderr()
+    b.kill()

@@ -268,6 +268,7 @@ class _Owner:
         self._thread: threading.Thread | None = None
         # The owner thread's own clock, by which it measures silences (silence.py).
         self._clock = JudgeClock(_DEFAULT_INTERVAL)
+        self._tick_began = 0.0  # monotonic
         self._ending: list[Watch] = []
         self._ending_lock = threading.Lock()
         self._epoch_turn = 0
@@ -292,6 +293,13 @@ class _Owner:
     def _sleep(self, seconds: float) -> None:
         self._wake.wait(seconds)
         self._wake.clear()
+
+    def _next_tick(self, tick: float) -> None:
+        """Sleep until the next tick is due: `tick` after the previous one began, not after its
+        work ended, so that work slowed down (waiting for the GIL or a core, a slow store)
+        delays the next beat the less."""
+        self._sleep(max(self._tick_began + tick - time.monotonic(), 0.0))
+        self._tick_began = time.monotonic()
 
     def _check_epochs(self, watches: Sequence[Watch], call: Callable[[Callable[[], None]], None]) -> None:
         """A few watches per tick, so that each world's epoch is read once per
@@ -407,7 +415,7 @@ class _Link(_Owner):
                 self._call(watch.settle, beats)
             watches = [w for w in watches if w._owner is self]
             tick = clock.interval = _interval(watches)
-            self._sleep(tick)
+            self._next_tick(tick)
             if not watches:
                 continue  # a join is about to watch its world here
             self._call(beats.add, mine, 1)
@@ -629,7 +637,7 @@ class Detector(_Owner):
             return False
         self._host(fresh)
         self._tick = self._clock.interval = _interval(self._hosted + [w for link in links for w in link.watches])
-        self._sleep(self._tick)
+        self._next_tick(self._tick)
         now = self._clock.now()
         stuck = max((link.check_stall(self._clock, now) for link in links), default=0.0)
         with self._load_lock:
