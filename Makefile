@@ -94,8 +94,9 @@ images: packages kube-binaries
 # each a kubelet, containerd and kube-proxy in network and mount namespaces of its own, with its
 # own address and pod network, routed to the others; cluster DNS) with our images loaded in each;
 # NODES=0: the control plane alone. Faults: python3 -m tests.cluster.cluster power-off|partition|heal NODE.
+# Each node's device plugin (4 nvidia.com/gpu) runs with the venv's Python (it needs grpcio).
 NODES ?= 1
-cluster: kube-binaries
+cluster: kube-binaries $(STAMP)
 	@$(PYTHON) -m tests.cluster.cluster up --nodes $(NODES)
 	@loaded=0; $(LOAD_IMAGES)
 

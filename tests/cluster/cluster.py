@@ -1,6 +1,7 @@
 """A real, local Kubernetes cluster: etcd, kube-apiserver, kube-controller-manager and, with
 `--nodes N` (1 to 3), N real nodes (node.py: each a kubelet, containerd and kube-proxy in
-namespaces of its own, with its own address and pod network, routed to the others) and what
+namespaces of its own, with its own address and pod network, routed to the others, and the test
+device plugin: 4 `nvidia.com/gpu` a node) and what
 they share on the host (node_host.py: the node bridge, kube-scheduler, cluster DNS).
 
 The control plane listens on ports picked free at start, so several control planes can run side
@@ -48,7 +49,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tests.cluster.node import DAEMONS as NODE_DAEMONS, MAX_NODES, Node, NodeBinaries, NodeError
+from tests.cluster.node import (
+    DAEMONS as NODE_DAEMONS,
+    GPU_RESOURCE,
+    GPUS_PER_NODE,
+    MAX_NODES,
+    Node,
+    NodeBinaries,
+    NodeError,
+)
 from tests.cluster.node_host import DAEMONS as HOST_DAEMONS, NodeHost, host_ip, node_folder, nodes_in
 
 if TYPE_CHECKING:
@@ -291,8 +300,8 @@ class Cluster:
                 self._spawn(node.daemon(daemon), commands[daemon], node)
         self._spawn(HOST_DAEMONS[-1], host_commands[HOST_DAEMONS[-1]])
         for node in self.nodes:
-            self._wait_until(f"node {node.name} to be Ready", f"/api/v1/nodes/{node.name}", started, timeout,
-                             accept=_node_ready)  # fmt: skip
+            self._wait_until(f"node {node.name} to be Ready with its GPUs", f"/api/v1/nodes/{node.name}", started,
+                             timeout, accept=_node_ready_with_gpus)  # fmt: skip
         self._wait_until("the `kubernetes` Service's endpoints", "/api/v1/namespaces/default/endpoints/kubernetes",
                          started, timeout, accept=lambda body: bool(body.get("subsets")))  # fmt: skip
 
@@ -371,8 +380,13 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                # The daemons find their helpers (runc, CNI's iptables, conntrack) in sbin.
-                env={**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"},
+                # The daemons find their helpers (runc, CNI's iptables, conntrack) in sbin; the
+                # device plugin (`python -m tests.cluster.device_plugin`) its package here.
+                env={
+                    **os.environ,
+                    "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin",
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+                },
                 # Own session: a Ctrl-C in the terminal does not kill them out of order.
                 start_new_session=True,
                 preexec_fn=None if detach and node is None else prepare,
@@ -628,8 +642,8 @@ class Cluster:
                     node.wait_for_runtime(self.check_alive)
         except NodeError as error:
             raise ClusterError(str(error)) from error
-        self._wait_until(f"node {node.name} Ready again", f"/api/v1/nodes/{node.name}", started, timeout,
-                         accept=lambda body: _node_ready(body, since=restarted))  # fmt: skip
+        self._wait_until(f"node {node.name} Ready again with its GPUs", f"/api/v1/nodes/{node.name}", started,
+                         timeout, accept=lambda body: _node_ready_with_gpus(body, since=restarted))  # fmt: skip
         return node
 
     # ---- clients ------------------------------------------------------------------------------
@@ -670,6 +684,13 @@ def _node_ready(node: dict[str, Any], since: float | None = None) -> bool:
         and (since is None or _timestamp(c["lastHeartbeatTime"]) >= int(since))
         for c in conditions
     )
+
+
+def _node_ready_with_gpus(node: dict[str, Any], since: float | None = None) -> bool:
+    """Ready (heard after `since`), and its device plugin's GPUs allocatable: registered with the
+    kubelet that runs now (a restarted kubelet shows none until the plugin registers again)."""
+    allocatable = node.get("status", {}).get("allocatable") or {}
+    return _node_ready(node, since) and allocatable.get(GPU_RESOURCE) == str(GPUS_PER_NODE)
 
 
 def _timestamp(text: str) -> float:

@@ -9,6 +9,9 @@ where the folders every kubelet and containerd would share on one machine are th
 private ones: the device plugins' folder (whose socket path the 1.20 kubelet fixes), the CNI
 result cache, the pod logs (each kubelet removes the log folders of pods it does not know) and
 containerd's runc state. Its pods live in the cgroup /<node name> (the kubelet's cgroupRoot).
+Beside its kubelet, in the same namespaces, runs the test device plugin (device_plugin/): the node
+shows GPUS_PER_NODE `nvidia.com/gpu` in its capacity, and a container given some sees their ids
+in NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES.
 
 Faults, as a fleet meets them: `cut` drops every packet in and out of the node's link inside
 its namespace (peers hear silence, not resets), `mend` lets them through again, and
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import io
 import json
 import logging
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Callable
@@ -51,7 +56,7 @@ from tests.cluster.host import (
 
 log = logging.getLogger("multiworld.test_cluster")
 
-__all__ = ["NAME", "MAX_NODES", "Node", "NodeBinaries", "NodeError", "node_name"]
+__all__ = ["GPUS_PER_NODE", "GPU_RESOURCE", "NAME", "MAX_NODES", "Node", "NodeBinaries", "NodeError", "node_name"]
 
 NAME = "multiworld-node"  # the first node's name; the others are NAME-2, NAME-3
 MAX_NODES = 3
@@ -74,7 +79,12 @@ PRIVATE_FOLDERS = {
     Path("/run/containerd"): "run-containerd",
 }
 # The node's daemons in start order; they stop in reverse, containerd last (its pods removed first).
-DAEMONS = ("containerd", "kube-proxy", "kubelet")
+# The device plugin starts after the kubelet (it registers with it) and again whenever it does.
+DAEMONS = ("containerd", "kube-proxy", "kubelet", "device-plugin")
+# What the device plugin advertises on each node.
+GPU_RESOURCE = "nvidia.com/gpu"
+GPUS_PER_NODE = 4
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def node_name(index: int) -> str:
@@ -92,6 +102,20 @@ class NodeBinaries:
     @classmethod
     def in_folder(cls, folder: Path) -> NodeBinaries:
         return cls(*(folder / name for name in ("kubelet", "kube-scheduler", "kube-proxy", "pause", "kubectl")))
+
+
+def grpc_python() -> str:
+    """A Python that has grpcio, for the device plugin: this one, or the repository's venv's
+    (`make cluster` runs this module with the system's python3)."""
+    if importlib.util.find_spec("grpc") is not None:
+        return sys.executable
+    venv = REPO_ROOT / ".venv" / "bin" / "python"
+    if venv.exists():
+        return str(venv)
+    raise NodeError(
+        f"the nodes' device plugin needs grpcio, which {sys.executable} lacks and no {venv} exists: "
+        "`make check` makes the venv (the dev extra has grpcio)"
+    )
 
 
 def cache_folder() -> Path:
@@ -219,6 +243,8 @@ class Node:
                 f"--root-dir={self.kubelet_root}", f"--cert-dir={self.directory / 'kubelet-pki'}",
                 f"--hostname-override={self.name}", f"--node-ip={self.ip}",
             ],
+            # In the node's mount namespace: its private device plugin folder, the kubelet's.
+            "device-plugin": [grpc_python(), "-m", "tests.cluster.device_plugin", f"--devices={GPUS_PER_NODE}"],
         }  # fmt: skip
 
     def wait_for_runtime(self, check_alive: Callable[[], None], timeout: float = 30.0) -> None:
