@@ -174,9 +174,12 @@ def cgroup_pids(name: str) -> set[int]:
         top = hierarchy / name
         if not top.is_dir():
             continue
-        for procs in top.rglob("cgroup.procs"):
+        # os.walk passes over a cgroup removed while it looks (a pod ending); rglob would raise.
+        for folder, _, files in os.walk(top):
+            if "cgroup.procs" not in files:
+                continue
             try:
-                found.update(int(pid) for pid in procs.read_text().split())
+                found.update(int(pid) for pid in (Path(folder) / "cgroup.procs").read_text().split())
             except OSError:
                 continue
     return found

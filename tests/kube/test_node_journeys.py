@@ -24,12 +24,14 @@ from kubernetes import client
 
 from multiworld_operator.kube.webhook_secret import secret_name
 from tests.cluster.cluster import Cluster, ClusterError
+from tests.cluster.node import GPU_RESOURCE, GPUS_PER_NODE
 from tests.support.dashboard import queries, substituted
 from tests.support.metrics_support import service_account_token
 from tests.support.node_support import (
     WAIT_S,
     WORKER_IMAGE,
     Operator,
+    applied,
     example_manifest,
     install_operator,
     kubectl,
@@ -80,18 +82,6 @@ def _ready_operator_pod(cluster: Cluster, operator: Operator) -> client.V1Pod | 
     return None
 
 
-@contextlib.contextmanager
-def _applied(cluster: Cluster, operator: Operator, kube: KubeNamespace, path: Path, name: str) -> Iterator[None]:
-    """The manifest at `path` applied for the block; then its MultiWorld deleted and its pods
-    gone, so the next test has the node's cores."""
-    kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
-    try:
-        yield
-    finally:
-        kubectl(cluster, "delete", "mw", name, "-n", operator.apps, "--wait=false")
-        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
-
-
 @pytest.fixture
 def all_gather(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path, request: pytest.FixtureRequest
@@ -100,7 +90,7 @@ def all_gather(
     and the leader stepping in both (its log shows them); deleted afterwards (and its pods gone,
     so the next test has the node's cores)."""
     name = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
-    with _applied(kube_node, operator, kube, example_manifest("all_gather", name, tmp_path), name):
+    with applied(kube_node, operator, kube, example_manifest("all_gather", name, tmp_path), name):
         _wait_running(kube, name, {"world1": 1, "world2": 1})
         # Stepping in both worlds: a failure now breaks worlds in use (before its first step, the
         # leader would take world1 up at its new epoch without ever seeing it break).
@@ -511,7 +501,7 @@ def test_a_manifest_without_the_worker_serviceaccount_runs(
     manifest = yaml.safe_load(path.read_text())
     del manifest["spec"]["template"]["spec"]["serviceAccountName"]
     path.write_text(yaml.safe_dump(manifest))
-    with _applied(kube_node, operator, kube, path, name):
+    with applied(kube_node, operator, kube, path, name):
         _wait_running(kube, name, {"world1": 1, "world2": 1})
         assert {p.spec.service_account_name for p in kube.pods(name).values()} == {"default"}
 
@@ -544,7 +534,7 @@ def test_a_hostile_worker_pod_breaks_nothing(
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(manifest))
     attacker = f"{name}-attacker-0"
-    with _applied(kube_node, operator, kube, path, name):
+    with applied(kube_node, operator, kube, path, name):
         _wait_running(kube, name, {"victim": 1, "own": 1})
         log = _wait_log(kube_node, operator, attacker, "attack network policy:")
         for attack in ("patch", "decoy table", "network policy"):
@@ -573,7 +563,7 @@ def test_a_hostile_worker_pod_breaks_nothing(
 def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
 ) -> None:
-    """world1's workers ask for a GPU the node does not have: world1 stays Pending (naming its
+    """world1's workers ask for more GPUs than any node has: world1 stays Pending (naming its
     waiting pods and why, one Event), with no restart however many join timeouts pass, while
     world2 runs."""
     import yaml
@@ -585,11 +575,11 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
     (container,) = template["spec"]["containers"]
     container["env"] = [{"name": "MULTIWORLD_JOIN_TIMEOUT", "value": "3"}]
     gpu = yaml.safe_load(yaml.safe_dump(template))
-    gpu["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 1}}
+    gpu["spec"]["containers"][0]["resources"] = {"limits": {GPU_RESOURCE: GPUS_PER_NODE + 1}}
     (w1,) = [m for m in manifest["spec"]["members"] if m["name"] == "w1"]
     w1["template"] = gpu
     path.write_text(yaml.safe_dump(manifest))
-    with _applied(kube_node, operator, kube, path, name):
+    with applied(kube_node, operator, kube, path, name):
         kube.wait_world("world2", lambda s: s["phase"] == "Running", "Running", name=name)
         waiting = kube.wait_world("world1", lambda s: len(s.get("waiting") or {}) == 2, "waiting for w1", name=name)
         world1 = waiting["worlds"]["world1"]
@@ -631,7 +621,7 @@ def test_warm_spares_take_a_killed_members_place(
     rollout puts the last pod of the old template onto the warm spare of the new one."""
     name = "spares"
     path = example_manifest("all_gather", name, tmp_path, spares={"w1": 1})
-    with _applied(kube_node, operator, kube, path, name):
+    with applied(kube_node, operator, kube, path, name):
         _wait_running(kube, name, {"world1": 1, "world2": 1})
         spares = _spares_ready(kube, name, "w1", 1)
         assert sorted(spares) == [f"{name}-w1-spare-a"]
@@ -724,7 +714,7 @@ def test_a_chain_of_shared_members_recovers_from_each_kill_and_rolls_out(
     policy = manifest["spec"]["worlds"][0]["failurePolicy"]
     manifest["spec"]["worlds"] = [{"name": w, "ranks": r, "failurePolicy": policy} for w, r in CHAIN_WORLDS.items()]
     path.write_text(yaml.safe_dump(manifest))
-    with _applied(kube_node, operator, kube, path, name):
+    with applied(kube_node, operator, kube, path, name):
         epochs = dict.fromkeys(CHAIN_WORLDS, 1)
         _wait_running(kube, name, epochs)
         for pod in ("a-0", "b-0", "c-0", "d-1"):

@@ -176,15 +176,15 @@ def test_a_replaced_instance_found_lost_names_its_node() -> None:
     """Peers name a silent pod within a second and it is replaced; its connection times out
     seconds later, when the cache no longer has it: its node is remembered from the replacement."""
     lost = LostHosts()
-    lost.replaced("uid-old", "node-3")
-    lost.replaced("uid-unplaced", "")
+    lost.replaced("uid-old", "node-3", NOW)
+    lost.replaced("uid-unplaced", "", NOW)
     assert lost.lost("uid-old", "mw-a-0", "", NOW)
     assert lost.avoid(NOW) == ["node-3"]
     assert [m.split(":")[0] for m in lost.take_news()] == ["node node-3 lost at 2030-01-01T00"]
     assert lost.lost("uid-unplaced", "mw-a-1", "", NOW)  # where is unknown: no node to avoid
     assert lost.avoid(NOW) == ["node-3"] and lost.take_news() == []
     for n in range(MAX_REPLACED + 1):
-        lost.replaced(f"uid-{n}", "node-4")
+        lost.replaced(f"uid-{n}", "node-4", NOW)
     lost.lost("uid-0", "mw-b-0", "", NOW)  # forgotten: the oldest beyond MAX_REPLACED
     assert lost.avoid(NOW) == ["node-3"]
 
@@ -219,7 +219,7 @@ def test_a_lost_node_is_kept_out_of_new_pods_for_a_while() -> None:
     }
     action = CreatePod(pod="mw-a-0", member="a", ordinal=0, created_for={}, worlds=[], template=template)
     off = {"key": "metadata.name", "operator": "NotIn", "values": ["node-2", "node-3"]}
-    affinity = pod_body(action, multiworld, "operator://o:1", ["node-3", "node-2"])["spec"]["affinity"]
+    affinity = pod_body(action, multiworld, "operator://o:1", avoid_nodes=["node-3", "node-2"])["spec"]["affinity"]
     assert affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
         {"matchExpressions": [zone], "matchFields": [off]},
         {"matchFields": [zone, off]},
@@ -230,7 +230,7 @@ def test_a_lost_node_is_kept_out_of_new_pods_for_a_while() -> None:
         "nodeSelectorTerms": [{"matchExpressions": [zone]}, {"matchFields": [zone]}]
     }  # not mutated
     bare = CreatePod(pod="mw-b-0", member="b", ordinal=0, created_for={}, worlds=[], template={"spec": {}})
-    assert pod_body(bare, multiworld, "operator://o:1", ["node-2"])["spec"]["affinity"] == {
+    assert pod_body(bare, multiworld, "operator://o:1", avoid_nodes=["node-2"])["spec"]["affinity"] == {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchFields": [{**off, "values": ["node-2"]}]}]
@@ -238,6 +238,26 @@ def test_a_lost_node_is_kept_out_of_new_pods_for_a_while() -> None:
         }
     }
     assert "affinity" not in pod_body(bare, multiworld, "operator://o:1")["spec"]
+    rather = pod_body(action, multiworld, "operator://o:1", prefer_off=["node-5"])["spec"]["affinity"]["nodeAffinity"]
+    away = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-5"]}]}
+    assert rather["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        *preferred,
+        {"weight": 100, "preference": away},
+    ]
+
+
+def test_a_node_where_an_instance_went_silent_is_rather_avoided() -> None:
+    """Peers name a silent pod before its node is known lost: its replacement rather goes to
+    another node (a preference: a frozen process may sit on a healthy node), for AVOID_S, and
+    a node lost since is ruled out instead."""
+    lost = LostHosts()
+    lost.replaced("uid-crashed", "node-1", NOW)
+    lost.replaced("uid-silent", "node-2", NOW, silent=True)
+    assert lost.suspected(NOW) == ["node-2"]
+    assert lost.suspected(NOW + timedelta(seconds=AVOID_S + 1)) == []
+    lost.replaced("uid-silent-again", "node-2", NOW, silent=True)
+    lost.lost("uid-x", "mw-x-0", "node-2", NOW)
+    assert lost.avoid(NOW) == ["node-2"] and lost.suspected(NOW) == []
 
 
 def test_a_tenants_annotation_is_ignored_at_a_bounded_cost_and_said_once(caplog: pytest.LogCaptureFixture) -> None:

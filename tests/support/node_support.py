@@ -4,8 +4,10 @@ and signals sent to a pod's process through the container runtime."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from kubernetes import client
 
 from tests.cluster import cluster as cluster_module, operator_release
 from tests.cluster.cluster import Cluster
+from tests.support.operator_support import KubeNamespace, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_IMAGE = "multiworld/worker:dev"
@@ -85,6 +88,18 @@ def example_manifest(
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(manifest))
     return path
+
+
+@contextlib.contextmanager
+def applied(cluster: Cluster, operator: Operator, kube: KubeNamespace, path: Path, name: str) -> Iterator[None]:
+    """The manifest at `path` applied for the block; then its MultiWorld deleted and its pods
+    gone, so the next test has the node's cores."""
+    kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
+    try:
+        yield
+    finally:
+        kubectl(cluster, "delete", "mw", name, "-n", operator.apps, "--wait=false")
+        wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
 
 
 def container_id(pod: client.V1Pod) -> str:

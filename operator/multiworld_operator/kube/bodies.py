@@ -96,14 +96,29 @@ def _keep_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
     required["nodeSelectorTerms"] = [{**term, "matchFields": [*(term.get("matchFields") or []), off]} for term in terms]
 
 
+def _rather_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
+    """A preferred node affinity, as heavy as the API allows, for any node but `nodes`."""
+    off = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}]}
+    affinity = spec["affinity"] = dict(spec.get("affinity") or {})
+    node_affinity = affinity["nodeAffinity"] = dict(affinity.get("nodeAffinity") or {})
+    key = "preferredDuringSchedulingIgnoredDuringExecution"
+    node_affinity[key] = [*(node_affinity.get(key) or []), {"weight": 100, "preference": off}]
+
+
 def pod_body(
-    action: CreatePod, multiworld: Mapping[str, Any], channel_url: str, avoid_nodes: Sequence[str] = ()
+    action: CreatePod,
+    multiworld: Mapping[str, Any],
+    channel_url: str,
+    *,
+    avoid_nodes: Sequence[str] = (),
+    prefer_off: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The pod for `action`, from its member's template: our labels, the created-for stamp,
     the worker contract's environment in every container (its live table from the operator at
     `channel_url`) with the pod's token mounted, restartPolicy Never (the operator, not the
-    kubelet, decides what a failure costs), and kept off `avoid_nodes` (nodes just lost:
-    lost_hosts.py) whatever else its template's node affinity says."""
+    kubelet, decides what a failure costs), kept off `avoid_nodes` (nodes just lost:
+    lost_hosts.py) whatever else its template's node affinity says, and rather off `prefer_off`
+    (nodes where an instance was replaced for its silence)."""
     meta = multiworld["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     template = copy.deepcopy(dict(action.template))
@@ -129,6 +144,8 @@ def pod_body(
     spec.update(restartPolicy="Never", hostname=action.pod, subdomain=name)
     if avoid_nodes:
         _keep_off(spec, avoid_nodes)
+    if prefer_off:
+        _rather_off(spec, prefer_off)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -68,12 +68,18 @@ class LostHosts:
         self._nodes: dict[str, datetime] = {}
         # Pod uid -> the node of an instance replaced lately (the most recent MAX_REPLACED).
         self._replaced: dict[str, str] = {}
+        # Node -> when an instance there was last replaced for its silence.
+        self._suspected: dict[str, datetime] = {}
         # Nodes newly lost, not said yet: (node, when, pod).
         self._news: list[LostInstance] = []
 
-    def replaced(self, uid: str, node: str) -> None:
-        """That instance, on `node`, is being replaced: its connection may still time out."""
+    def replaced(self, uid: str, node: str, at: datetime, *, silent: bool = False) -> None:
+        """That instance, on `node`, is being replaced: its connection may still time out.
+        `silent`: for its silence (a peer named it, or it did not join in time), so its node is
+        suspected (see `suspected`)."""
         if node:
+            if silent:
+                self._suspected[node] = at
             self._replaced.pop(uid, None)
             self._replaced[uid] = node
             while len(self._replaced) > MAX_REPLACED:
@@ -109,6 +115,14 @@ class LostHosts:
         since = now - timedelta(seconds=AVOID_S)
         self._nodes = {node: at for node, at in self._nodes.items() if at > since}
         return sorted(self._nodes)
+
+    def suspected(self, now: datetime) -> list[str]:
+        """The nodes new pods rather go elsewhere than now (a preference, not a rule: the silent
+        process may be frozen on a healthy node, and a cluster of one node has nowhere else):
+        those where an instance was replaced for its silence within AVOID_S, and not lost."""
+        since = now - timedelta(seconds=AVOID_S)
+        self._suspected = {node: at for node, at in self._suspected.items() if at > since}
+        return sorted(set(self._suspected) - set(self.avoid(now)))
 
     def take_news(self) -> list[str]:
         """What to say of each node newly lost, once."""

@@ -66,12 +66,13 @@ log = logging.getLogger(__name__)
 
 
 class Planned(NamedTuple):
-    """A step's plan: the last one, the pods it saw, the pods to delete (name -> uid) and the
-    Events of every plan."""
+    """A step's plan: the last one, the pods it saw, the pods to delete (name -> uid), those of
+    them replaced for their silence (uids) and the Events of every plan."""
 
     result: Plan
     seen: ObservedPods
     deletes: dict[str, str]
+    silent: set[str]
     events: list[EmitEvent]
 
 
@@ -253,7 +254,7 @@ class Reconciler:
         self.metrics.step_taken(self.key, previous, result.status)
         placed = {pod.uid: pod.node for pod in pods}
         for uid in planned.deletes.values():  # its connection, probed on, may yet say its node is lost
-            self.lost.replaced(uid, placed.get(uid, ""))
+            self.lost.replaced(uid, placed.get(uid, ""), datetime.now(UTC), silent=uid in planned.silent)
         with failing_as("deleting pods"):
             await gather_bounded(self._delete_pod(pod, uid) for pod, uid in planned.deletes.items())
         # An instance no longer its pod's gets no later table (and no world's later secret).
@@ -290,6 +291,7 @@ class Reconciler:
         plan's status (the memory, stored before any delete) accounts for every delete. `lost`: pod
         uid -> why that instance is lost with its host (lost_hosts.py)."""
         deletes: dict[str, str] = {}
+        silent: set[str] = set()
         events: list[EmitEvent] = []
         for _ in range(REPLANS):
             seen = observe_pods(pods, workers, reports, silent_is_unjoined=self._reconnecting(), lost=lost)
@@ -306,9 +308,10 @@ class Reconciler:
                 if delete.pod in batch:
                     log.info("%s/%s: deleting pod %s (%s)", self.namespace, self.name, delete.pod, delete.reason)
             deletes.update(batch)
+            silent.update(batch[d.pod] for d in result.deletes if d.silent and d.pod in batch)
             pods = [pod for pod in pods if pod.name not in batch]  # deleted at once (below)
             previous = result.status
-        return Planned(result, seen, deletes, events)
+        return Planned(result, seen, deletes, silent, events)
 
     def _reconnecting(self) -> bool:
         """Whether this operator started (or took the lead) on a MultiWorld it already ran so
@@ -358,9 +361,16 @@ class Reconciler:
         if create.pod in seen.present:
             return None  # created once the old instance (or an older MultiWorld's pod) is gone
         try:
+            now = datetime.now(UTC)
             created = await self.api.create_pod(
                 self.namespace,
-                pod_body(self.secrets.create(create), body, self.channel_url, self.lost.avoid(datetime.now(UTC))),
+                pod_body(
+                    self.secrets.create(create),
+                    body,
+                    self.channel_url,
+                    avoid_nodes=self.lost.avoid(now),
+                    prefer_off=self.lost.suspected(now),
+                ),
             )
         except ApiException as error:
             if error.status is not None and error.status >= 500:

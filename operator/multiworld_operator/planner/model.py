@@ -103,6 +103,9 @@ class DeletePod(_Model):
     action: Literal["delete"] = "delete"
     pod: str
     reason: str
+    # Replaced for its silence (a live peer named it, or it did not join in time), not for an
+    # exit: its host may be gone, so the platform places its replacement elsewhere if it can.
+    silent: bool = False
 
 
 class PublishTable(_Model):

@@ -23,7 +23,9 @@ def reconcile_pods(step: Step, table: WorldTable) -> None:
         record, seen = step.records.get(pod), step.observed.get(pod)
         if seen is not None:
             if record is None or record.spare or seen.created_for != record.created_for:
-                step.deletes.append(DeletePod(pod=pod, reason=_delete_reason(step, seen, record)))
+                step.deletes.append(
+                    DeletePod(pod=pod, reason=_delete_reason(step, seen, record), silent=pod in step.silent)
+                )
             continue
         if record is None and any(step.worlds[w].up for w in worlds):
             record = PodRecord(
@@ -45,7 +47,7 @@ def reconcile_pods(step: Step, table: WorldTable) -> None:
             )
     playing = {r.spare: pod for pod, r in step.records.items() if r.spare}
     for name in sorted(set(step.observed) - set(step.pod_worlds) - set(step.pool) - set(playing)):
-        step.deletes.append(DeletePod(pod=name, reason=_stray_reason(step, name)))
+        step.deletes.append(DeletePod(pod=name, reason=_stray_reason(step, name), silent=name in step.silent))
 
 
 def _stray_reason(step: Step, name: str) -> str:

@@ -255,7 +255,9 @@ class _Recovery:
                     del step.records[pod]  # asked for, not made yet: asked again for the new epoch
             for pod in sorted(self.culprits.get(world, ())):
                 if not any(self._alive_in(pod, w) for w in step.pod_worlds[pod]):
-                    self._replace(pod, f"named by a peer as the culprit of world {world} epoch {failure.epoch}")
+                    self._replace(
+                        pod, f"named by a peer as the culprit of world {world} epoch {failure.epoch}", silent=True
+                    )
 
     def _alive_in(self, pod: str, world: str) -> bool:
         """Whether `pod` holds a rank in `world` that shows it alive: the world did not fail in
@@ -295,11 +297,12 @@ class _Recovery:
             timeout = step.mw.world(name).failure_policy.join_timeout
             for pod in state.pods:
                 if silent(step, pod, name, state.epoch):
-                    self._replace(pod, f"did not join world {name} epoch {state.epoch} within {timeout}")
+                    self._replace(pod, f"did not join world {name} epoch {state.epoch} within {timeout}", silent=True)
 
-    def _replace(self, pod: str, why: str) -> None:
-        """Replace member pod `pod`'s instance; every other world whose current epoch it took
-        part in fails with it (a shared pod that goes breaks each of its worlds)."""
+    def _replace(self, pod: str, why: str, silent: bool = False) -> None:
+        """Replace member pod `pod`'s instance (`silent`: for its silence, not an exit); every
+        other world whose current epoch it took part in fails with it (a shared pod that goes
+        breaks each of its worlds)."""
         step = self.step
         record = step.records.get(pod)
         if record is None:
@@ -308,6 +311,8 @@ class _Recovery:
         del step.records[pod]
         instance = record.spare or pod
         step.replaced[pod] = why
+        if silent:
+            step.silent.add(instance)
         step.event("Normal", "PodReplaced", None, f"pod {instance} replaced: {why}")
         for world in step.pod_worlds[pod]:
             state = step.worlds[world]

@@ -53,6 +53,8 @@ class Step:
     events: list[EmitEvent] = field(init=False, default_factory=list)
     # Member pods whose instance this step replaces, with why (recovery, rollout).
     replaced: dict[str, str] = field(init=False, default_factory=dict)
+    # Instances (a member pod, or the spare playing it) this step replaces for their silence.
+    silent: set[str] = field(init=False, default_factory=set)
     # Member pods this step replaces for the rollout.
     rolled_out: list[str] = field(init=False, default_factory=list)
 
