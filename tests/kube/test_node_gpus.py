@@ -121,6 +121,7 @@ def test_a_pod_asking_for_more_gpus_than_any_node_has_stays_pending(
     assert pod.status.phase == "Pending" and not pod.spec.node_name, pod.status
 
 
+@pytest.mark.node_fault
 def test_a_healed_node_advertises_its_gpus_again(kube_node: Cluster, gpu_apps: tuple[client.CoreV1Api, str]) -> None:
     """Power-off kills the node's device plugin with its kubelet; heal starts both again and
     returns once the Node is Ready with its GPUs allocatable; a pod placed there gets one."""

@@ -32,7 +32,7 @@ from tests.support.node_support import (
 )
 from tests.support.operator_support import KubeNamespace, wait_for
 
-pytestmark = [pytest.mark.kube, pytest.mark.node]
+pytestmark = [pytest.mark.kube, pytest.mark.node, pytest.mark.node_fault]
 
 # What a world may take, fault to every rank joined at its new epoch, on 2 cores shared with other
 # work. Kubernetes' own path (NotReady after 40 s, eviction 300 s later) takes minutes.

@@ -190,6 +190,7 @@ def test_a_pod_reaches_a_pod_on_another_node_by_its_pod_ip(
     assert f"from {idle.status.pod_ip}" in logged, logged
 
 
+@pytest.mark.node_fault
 def test_a_partitioned_peer_is_silence_until_healed(kube_node: Cluster, apps: tuple[client.CoreV1Api, str]) -> None:
     """Across a partition a peer hears nothing: the echo on an open connection times out
     (no reset, no ICMP error), and a new connection does too; once healed, the same connection
@@ -215,6 +216,7 @@ def test_a_partitioned_peer_is_silence_until_healed(kube_node: Cluster, apps: tu
         assert answer["ok"], answer
 
 
+@pytest.mark.node_fault
 def test_a_powered_off_node_goes_not_ready_while_its_pods_stay_running(
     kube_node: Cluster, apps: tuple[client.CoreV1Api, str]
 ) -> None:

@@ -39,6 +39,8 @@ pytestmark = pytest.mark.quick
 OWNER = "uid-of-mw"
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
 
 def star(worlds: list[str], name: str = "mw") -> MultiWorld:
     """Every world's rank 0 is the same leader pod."""
@@ -446,3 +448,44 @@ def test_refusal_is_written_once_per_generation() -> None:
     edit = refusal_patch(running, 2, ["spec.members[0].name: bad"], NOW)
     assert edit is not None and set(edit) == {"observedGeneration", "conditions"}  # the worlds stay as they are
     assert [c["type"] for c in edit["conditions"]] == ["Ready", "Degraded", "SpecValid"]
+
+
+def test_a_warm_spare_rather_goes_off_the_nodes_of_the_pods_it_stands_in_for() -> None:
+    """A spare prefers a node without its member's pods (a lost node takes them, not it), then
+    one without its member's other idle spares; the template's own anti-affinity is kept, and a
+    member pod gets none of it."""
+    multiworld = {"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}
+    own = {"weight": 7, "podAffinityTerm": {"labelSelector": {}, "topologyKey": "zone"}}
+    template: dict[str, Any] = {
+        "spec": {"containers": [{"name": "c"}], "affinity": {"podAntiAffinity": {PREFERRED: [own]}}}
+    }
+    spare = CreatePod(
+        pod="mw-a-spare-x", member="a", ordinal=0, created_for={}, worlds=[], template=template, spare=True
+    )
+    terms = pod_body(spare, multiworld, "operator://o:1")["spec"]["affinity"]["podAntiAffinity"][PREFERRED]
+    ours = {"multiworld.io/name": "mw", "multiworld.io/member": "a"}
+    assert terms == [
+        own,
+        {
+            "weight": 100,
+            "podAffinityTerm": {
+                "labelSelector": {
+                    "matchLabels": ours,
+                    "matchExpressions": [{"key": "multiworld.io/ordinal", "operator": "Exists"}],
+                },
+                "topologyKey": "kubernetes.io/hostname",
+            },
+        },
+        {
+            "weight": 50,
+            "podAffinityTerm": {
+                "labelSelector": {
+                    "matchLabels": {**ours, "multiworld.io/spare": "true"},
+                    "matchExpressions": [{"key": "multiworld.io/plays", "operator": "DoesNotExist"}],
+                },
+                "topologyKey": "kubernetes.io/hostname",
+            },
+        },
+    ]
+    member = CreatePod(pod="mw-a-0", member="a", ordinal=0, created_for={}, worlds=[], template=template)
+    assert pod_body(member, multiworld, "operator://o:1")["spec"]["affinity"]["podAntiAffinity"][PREFERRED] == [own]

@@ -105,6 +105,36 @@ def _rather_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
     node_affinity[key] = [*(node_affinity.get(key) or []), {"weight": 100, "preference": off}]
 
 
+# Where a warm spare rather goes: off the nodes of the pods it stands in for (a node lost takes
+# them, not it), then off those of its member's other idle spares (spread). Preferences, so a
+# cluster of one node still runs its spares; the scheduler weighs an existing pod's terms against
+# a new pod too, so the order in which member pods and spares are scheduled does not matter.
+SPARE_OFF_MEMBERS_WEIGHT = 100
+SPARE_SPREAD_WEIGHT = 50
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
+def _spare_placement(spec: dict[str, Any], multiworld: str, member: str) -> None:
+    """A warm spare's preferred pod anti-affinity (see SPARE_OFF_MEMBERS_WEIGHT), added to the
+    template's own."""
+    ours = {NAME_LABEL: multiworld, MEMBER_LABEL: member}
+    members = {"matchLabels": ours, "matchExpressions": [{"key": ORDINAL_LABEL, "operator": "Exists"}]}
+    idle_spares = {
+        "matchLabels": {**ours, SPARE_LABEL: "true"},
+        "matchExpressions": [{"key": PLAYS_LABEL, "operator": "DoesNotExist"}],
+    }
+    affinity = spec["affinity"] = dict(spec.get("affinity") or {})
+    anti = affinity["podAntiAffinity"] = dict(affinity.get("podAntiAffinity") or {})
+    key = "preferredDuringSchedulingIgnoredDuringExecution"
+    anti[key] = [
+        *(anti.get(key) or []),
+        *(
+            {"weight": weight, "podAffinityTerm": {"labelSelector": selector, "topologyKey": HOSTNAME_TOPOLOGY}}
+            for weight, selector in ((SPARE_OFF_MEMBERS_WEIGHT, members), (SPARE_SPREAD_WEIGHT, idle_spares))
+        ),
+    ]
+
+
 def pod_body(
     action: CreatePod,
     multiworld: Mapping[str, Any],
@@ -118,7 +148,8 @@ def pod_body(
     `channel_url`) with the pod's token mounted, restartPolicy Never (the operator, not the
     kubelet, decides what a failure costs), kept off `avoid_nodes` (nodes just lost:
     lost_hosts.py) whatever else its template's node affinity says, and rather off `prefer_off`
-    (nodes where an instance was replaced for its silence)."""
+    (nodes where an instance was replaced for its silence); a warm spare rather off the nodes of
+    the pods it stands in for, and of its member's other spares."""
     meta = multiworld["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     template = copy.deepcopy(dict(action.template))
@@ -146,6 +177,8 @@ def pod_body(
         _keep_off(spec, avoid_nodes)
     if prefer_off:
         _rather_off(spec, prefer_off)
+    if action.spare:
+        _spare_placement(spec, name, action.member)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
