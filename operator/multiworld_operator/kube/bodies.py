@@ -84,12 +84,20 @@ def _quantities_as_strings(resources: dict[str, Any]) -> None:
                     amounts[name] = str(amount)
 
 
+def _affinity(spec: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The pod spec's affinity of `kind` (nodeAffinity, podAntiAffinity), to add terms to: made
+    in `spec` where it has none, a copy of the template's where it has one."""
+    affinity = spec["affinity"] = dict(spec.get("affinity") or {})
+    of_kind: dict[str, Any] = dict(affinity.get(kind) or {})
+    affinity[kind] = of_kind
+    return of_kind
+
+
 def _keep_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
     """A required node affinity that rules out `nodes` (by name), added to each of the
     template's node selector terms (they are ORed: each must rule them out) or as the one term."""
     off = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
-    affinity = spec["affinity"] = dict(spec.get("affinity") or {})
-    node_affinity = affinity["nodeAffinity"] = dict(affinity.get("nodeAffinity") or {})
+    node_affinity = _affinity(spec, "nodeAffinity")
     key = "requiredDuringSchedulingIgnoredDuringExecution"
     required = node_affinity[key] = dict(node_affinity.get(key) or {})
     terms = required.get("nodeSelectorTerms") or [{}]
@@ -99,8 +107,7 @@ def _keep_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
 def _rather_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
     """A preferred node affinity, as heavy as the API allows, for any node but `nodes`."""
     off = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}]}
-    affinity = spec["affinity"] = dict(spec.get("affinity") or {})
-    node_affinity = affinity["nodeAffinity"] = dict(affinity.get("nodeAffinity") or {})
+    node_affinity = _affinity(spec, "nodeAffinity")
     key = "preferredDuringSchedulingIgnoredDuringExecution"
     node_affinity[key] = [*(node_affinity.get(key) or []), {"weight": 100, "preference": off}]
 
@@ -123,8 +130,7 @@ def _spare_placement(spec: dict[str, Any], multiworld: str, member: str) -> None
         "matchLabels": {**ours, SPARE_LABEL: "true"},
         "matchExpressions": [{"key": PLAYS_LABEL, "operator": "DoesNotExist"}],
     }
-    affinity = spec["affinity"] = dict(spec.get("affinity") or {})
-    anti = affinity["podAntiAffinity"] = dict(affinity.get("podAntiAffinity") or {})
+    anti = _affinity(spec, "podAntiAffinity")
     key = "preferredDuringSchedulingIgnoredDuringExecution"
     anti[key] = [
         *(anti.get(key) or []),

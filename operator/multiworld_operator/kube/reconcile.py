@@ -244,7 +244,8 @@ class Reconciler:
             self._published or WorldTable(), {pod.uid for pod in pods}, pod_addresses(pods)
         )
         previous = self.memory.remembered
-        lost = self.lost.reasons({pod.uid: pod.node for pod in pods})
+        placed = {pod.uid: pod.node for pod in pods}
+        lost = self.lost.reasons(placed)
         planned = await asyncio.to_thread(self._plan_step, multiworld, previous, pods, workers, reports, lost)
         result, seen = planned.result, planned.seen
         with failing_as(f"storing the operator's memory (ConfigMap {self.name})"):
@@ -252,7 +253,6 @@ class Reconciler:
         if refused:
             await self._refused([refused])  # nothing goes out before the memory
         self.metrics.step_taken(self.key, previous, result.status)
-        placed = {pod.uid: pod.node for pod in pods}
         for uid in planned.deletes.values():  # its connection, probed on, may yet say its node is lost
             self.lost.replaced(uid, placed.get(uid, ""), datetime.now(UTC), silent=uid in planned.silent)
         with failing_as("deleting pods"):
