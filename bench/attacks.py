@@ -31,8 +31,8 @@ from typing import Any
 
 from multiworld.contract import ChannelMessage, Hello
 from multiworld_operator.channel_server import MAX_LINE
-from multiworld_operator.kube.channel_settings import DEFAULT_PORT
-from multiworld_operator.kube.planner_memory import MEMORY_KEY
+from multiworld_operator.kube.memory.planner_memory import MEMORY_KEY
+from multiworld_operator.kube.workers.channel_settings import DEFAULT_PORT
 from tests.support import bench_common as common, limits_support as limits
 from tests.support.operator_scene import Scene, fail_and_recover, scene, start, wait_for
 

@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from multiworld.detect_config import DetectConfig
+from multiworld.detect.config import DetectConfig
 from tests.support import bench_common as common
 from tests.support.cpu_load import BusyProcesses
 from tests.support.members import MemberFailed

@@ -74,7 +74,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from multiworld.contract import WorldEntry
-from multiworld_operator.kube.planner_memory import read_memory
+from multiworld_operator.kube.memory.planner_memory import read_memory
 from tests.cluster import cluster as cluster_module, images
 from tests.support import bench_common as common, node_support as support
 

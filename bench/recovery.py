@@ -121,7 +121,7 @@ def parse_args(argv: Sequence[str] | None) -> Any:
     args = p.parse_args(argv)
     args.spares = args.spares or list(DEFAULT_SPARES)
     # Checked here, as the runner will read them, so that a bad choice fails before any run.
-    from multiworld_operator.local.run_command import with_spares
+    from multiworld_operator.commands.run import with_spares
     from multiworld_operator.spec import load_manifest
 
     try:

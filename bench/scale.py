@@ -57,7 +57,7 @@ from typing import Any
 from kubernetes import client
 
 from multiworld.contract import NAME_LABEL
-from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
+from multiworld_operator.kube.memory.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
 from multiworld_operator.spec.limits import MAX_WORLDS, MAX_WORLDS_PER_POD
 from tests.support import bench_common as common, limits_support as limits
 from tests.support.kubelet_stand_in import DESCRIBED

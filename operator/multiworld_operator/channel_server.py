@@ -2,7 +2,7 @@
 `ChannelMessage` lines (multiworld.channels.stream is the worker's end).
 
 Each connection opens with a hello, which `authenticate` turns into a `Speaker` (the local
-runner trusts its own processes; the operator checks the pod's token: kube/worker_identity.py)
+runner trusts its own processes; the operator checks the pod's token: kube/workers/worker_identity.py)
 or refuses, with a reason sent back before the connection closes. From then on, what arrives on
 it is that speaker's, whatever the messages claim (their `pod` is overwritten, and a report's
 `time` is when the platform heard it, by the platform's clock), and the server
@@ -47,8 +47,7 @@ from datetime import UTC, datetime
 from pydantic import ValidationError
 
 from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldTable
-
-from .spec.limits import MAX_WORLDS_PER_POD
+from multiworld_operator.spec.limits import MAX_WORLDS_PER_POD
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TypeVar
 
+from multiworld_operator import log_context
+
 N = TypeVar("N", int, float)
 
 
@@ -176,7 +178,7 @@ def _configure_logging(verbose: int) -> None:
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbose, 2)]
     if os.environ.get("MULTIWORLD_LOG_LEVEL"):
         level = logging.getLevelName(os.environ["MULTIWORLD_LOG_LEVEL"].upper())
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_context.configure(level)
 
 
 def _no_operator_extra(command: str, error: ModuleNotFoundError) -> int:
@@ -200,17 +202,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(crd_yaml())
         return 0
     if args.command == "run":
-        from multiworld_operator.local.run_command import run_from_args
+        from multiworld_operator.commands.run import run_from_args
 
         return run_from_args(args)
     if args.command == "status":
         try:
-            from multiworld_operator.kube.status_command import show
+            from multiworld_operator.commands.status import show
         except ModuleNotFoundError as error:
             return _no_operator_extra(args.command, error)
         return show(args.name, args.namespace, args.watch, args.kubeconfig)
     try:
-        from multiworld_operator.kube.admission import Webhook
+        from multiworld_operator.kube.admission.webhook import Webhook
         from multiworld_operator.kube.leadership import LeaseConfig
         from multiworld_operator.kube.main import run_operator
     except ModuleNotFoundError as error:

@@ -15,9 +15,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from .planner.status import StatusView
-from .spec import MultiWorldSpec
-from .spec.resource import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR
+from multiworld_operator.planner.status import StatusView
+from multiworld_operator.spec import MultiWorldSpec
+from multiworld_operator.spec.resource import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAMES, SINGULAR
 
 # JSON-schema keywords a structural schema keeps as they are.
 _KEPT = (

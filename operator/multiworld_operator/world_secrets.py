@@ -12,7 +12,7 @@ speaks) and with the start-up assignments (`WorldAssignment.secret`, in the pod'
 The planner stays pure: its table and its assignments carry no secret; the platform fills them
 in as they go out. A secret is an HMAC of (scope, world, epoch) under the platform's key, so
 the same epoch always gets the same secret: across a restart and on every replica of the
-operator (they share one key: kube/world_key.py), and the env of a pod made for an epoch
+operator (they share one key: kube/workers/world_key.py), and the env of a pod made for an epoch
 agrees with the table of that epoch. `scope` names the MultiWorld (the operator: its namespace,
 name and uid, so a MultiWorld made again under the same name shares no secret with the one
 before). The local runner makes a key of its own per run.
@@ -25,8 +25,7 @@ import hmac
 import secrets
 
 from multiworld.contract import WorldAssignment, WorldTable
-
-from .planner import CreatePod
+from multiworld_operator.planner import CreatePod
 
 # The key's length (bytes), and a secret's (hex digits: 128 bits).
 KEY_BYTES = 32

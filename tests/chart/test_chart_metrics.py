@@ -16,8 +16,8 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from multiworld_operator.kube.metrics import OperatorMetrics
-from multiworld_operator.kube.webhook_secret import secret_name
+from multiworld_operator.kube.admission.certificate import secret_name
+from multiworld_operator.kube.metrics.registry import OperatorMetrics
 from multiworld_operator.local.store_ports import free_store_ports
 from tests.support.chart_support import CHART_DIR, FULLNAME, RELEASE_NAMESPACE, Manifest, Rendered
 from tests.support.dashboard import dashboard, panels, queries, substituted, variables
@@ -79,7 +79,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 # What the dashboard is checked against: two replicas of the operator, each its real metrics
-# (multiworld_operator.kube.metrics) on its real endpoint, and a worker's real metrics
+# (multiworld_operator.kube.metrics.registry) on its real endpoint, and a worker's real metrics
 # (multiworld.metrics) in a process of its own. The leader counted a failure of world w1 of
 # MultiWorld team-a/trainer and its recovery; the standby shows the statuses from its watch, a
 # step behind. The dashboard must show one view of each world: the leader's.

@@ -11,9 +11,9 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from multiworld_operator.kube.admission import HANDLER_ID
-from multiworld_operator.kube.webhook_secret import secret_name
-from multiworld_operator.kube.world_key import ENV_WORLD_KEY_SECRET
+from multiworld_operator.kube.admission.certificate import secret_name
+from multiworld_operator.kube.admission.webhook import HANDLER_ID
+from multiworld_operator.kube.workers.world_key import ENV_WORLD_KEY_SECRET
 from tests.support.chart_support import (
     CHART_DIR,
     FULLNAME,

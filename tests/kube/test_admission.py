@@ -26,8 +26,8 @@ from kubernetes.client.rest import ApiException
 
 from multiworld_operator import cli
 from multiworld_operator.kube import main as operator_main
-from multiworld_operator.kube.admission import Webhook
-from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
+from multiworld_operator.kube.admission.webhook import Webhook
+from multiworld_operator.kube.workers.channel_settings import ENV_CHANNEL_PORT
 from tests.cluster import cluster as cluster_module
 from tests.cluster.cluster import Cluster
 from tests.support.operator_support import (

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from multiworld_operator.kube import events
-from multiworld_operator.kube.api import KubeApi
-from multiworld_operator.kube.events import EVENT_BURST, SUPPRESSED, MultiWorldEvents
+from multiworld_operator.kube.client.api import KubeApi
+from multiworld_operator.kube.reporting import events
+from multiworld_operator.kube.reporting.events import EVENT_BURST, SUPPRESSED, MultiWorldEvents
 from tests.cluster.cluster import Cluster
 
 # Short, so that the test sees a refill; the posts of a burst take far less on any machine.

@@ -26,7 +26,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from multiworld_operator.kube.webhook_secret import secret_name
+from multiworld_operator.kube.admission.certificate import secret_name
 from tests.cluster import cluster as cluster_module
 from tests.cluster.cluster import Cluster
 from tests.support.metrics_support import get_metrics, service_account_token

@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from multiworld_operator.kube.bodies import MEMORY_LABEL
-from multiworld_operator.kube.observe import see_pod
-from multiworld_operator.kube.planner_memory import (
+from multiworld_operator.kube.memory.planner_memory import (
     MAX_MEMORY_BYTES,
     MAX_MEMORY_VALUES,
     MEMORY_KEY,
@@ -26,6 +24,8 @@ from multiworld_operator.kube.planner_memory import (
     read_memory,
     rebuilt_memory,
 )
+from multiworld_operator.kube.objects.bodies import MEMORY_LABEL
+from multiworld_operator.kube.objects.observe import see_pod
 from multiworld_operator.spec import parse_manifest
 from tests.support.operator_support import manifest
 

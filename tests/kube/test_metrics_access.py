@@ -32,9 +32,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
-from multiworld_operator.kube.metrics_access import CHECK_BURST
-from multiworld_operator.kube.metrics_server import ACCEPTS_AT_ONCE, MAX_CONNECTIONS
+from multiworld_operator.kube.metrics.access import CHECK_BURST
+from multiworld_operator.kube.metrics.server import ACCEPTS_AT_ONCE, MAX_CONNECTIONS
+from multiworld_operator.kube.workers.channel_settings import ENV_CHANNEL_PORT
 from tests.cluster import cluster as cluster_module
 from tests.cluster.cluster import Cluster
 from tests.support.metrics_support import get_metrics, service_account_token

@@ -3,7 +3,7 @@ sockets (every 127/8 address is this machine's: a test may speak from many sourc
 connections past MAX_PER_SOURCE are closed at once; past MAX_CONNECTIONS in all, a connection
 still in its request is closed to make room for a scraper's (the oldest of the source holding
 the most); one that says nothing, or too much, is closed at its deadline. The real server
-(metrics_server.py); the flood against a real operator process: test_metrics_access.py."""
+(kube/metrics/server.py); the flood against a real operator process: test_metrics_access.py."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from multiworld_operator.kube import metrics_server
-from multiworld_operator.kube.api import KubeApi
-from multiworld_operator.kube.metrics import OperatorMetrics
-from multiworld_operator.kube.metrics_access import MetricsAccess
-from multiworld_operator.kube.metrics_server import MAX_CONNECTIONS, MAX_HEAD, MAX_PER_SOURCE
+from multiworld_operator.kube.client.api import KubeApi
+from multiworld_operator.kube.metrics import server as metrics_server
+from multiworld_operator.kube.metrics.access import MetricsAccess
+from multiworld_operator.kube.metrics.registry import OperatorMetrics
+from multiworld_operator.kube.metrics.server import MAX_CONNECTIONS, MAX_HEAD, MAX_PER_SOURCE
 from tests.support.operator_metrics import FixedStatuses, planner_status
 
 pytestmark = pytest.mark.quick

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from multiworld_operator.kube.webhook_secret import secret_name
+from multiworld_operator.kube.admission.certificate import secret_name
 from tests.cluster.cluster import Cluster, ClusterError
 from tests.cluster.node import GPU_RESOURCE, GPUS_PER_NODE
 from tests.support.dashboard import queries, substituted

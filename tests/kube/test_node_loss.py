@@ -9,20 +9,19 @@ clock: the same machine's)."""
 
 from __future__ import annotations
 
-import copy
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from tests.cluster.cluster import Cluster
-from tests.cluster.host import cgroup_pids
+from tests.support.node_loss import Timeline, formed_at, placed_by_preference, pod_processes, watch_recovery
 from tests.support.node_support import (
     WAIT_S,
     Operator,
@@ -39,6 +38,9 @@ pytestmark = [pytest.mark.kube, pytest.mark.node, pytest.mark.node_fault]
 BACK_WITHIN_S = 60.0
 # How soon a healed node's kubelet ends the processes of the pods deleted while it was away.
 OLD_GONE_WITHIN_S = 60.0
+# bench/node_loss.py --quick: two trials, each a MultiWorld applied, a fault, a heal and a delete.
+BENCH_RUN_S = 900.0
+REPO = Path(__file__).resolve().parents[2]
 # How long the worlds are watched after that, for an old process breaking in.
 QUIET_AFTER_S = 10.0
 
@@ -67,101 +69,6 @@ def kube(kube_node: Cluster, operator: Operator) -> Iterator[KubeNamespace]:
         yield KubeNamespace(api, operator.apps)
 
 
-@dataclass
-class Timeline:
-    """What the status and the pods showed after the fault, each first sighting with its time."""
-
-    fault: float
-    lines: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
-
-    def note(self, key: str, text: str) -> None:
-        if key not in self.seen:
-            self.seen.add(key)
-            self.lines.append(f"{time.time() - self.fault:7.2f} s  {text}")
-
-    def __str__(self) -> str:
-        return "\n".join(self.lines)
-
-
-def _pod_processes(node_cgroup: str, uids: set[str]) -> list[int]:
-    """The processes on a node (its cgroup) of the pod instances `uids` (the kubelet names a pod's
-    cgroup by its uid, with dashes or, under systemd, underscores)."""
-    marks = {uid.replace("-", sep) for uid in uids for sep in ("-", "_")}
-    found = []
-    for pid in cgroup_pids(node_cgroup):
-        try:
-            groups = Path(f"/proc/{pid}/cgroup").read_text()
-        except OSError:
-            continue
-        if any(mark in groups for mark in marks):
-            found.append(pid)
-    return found
-
-
-def _formed(world: dict[str, Any]) -> float | None:
-    at = world.get("formedAt")
-    return datetime.fromisoformat(str(at).replace("Z", "+00:00")).timestamp() if at else None
-
-
-def _watch_recovery(
-    kube: KubeNamespace, name: str, lost: str, hit: set[str], epochs: dict[str, int], timeline: Timeline, limit: float
-) -> dict[str, float]:
-    """Poll until every world in `hit` runs at a later epoch with every rank joined and none of
-    its pods on node `lost`; note what changes on the way. Returns each hit world's seconds from
-    the fault to its formedAt at the new epoch."""
-    back: dict[str, float] = {}
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        status, table, pods = kube.status(name), kube.table(name), kube.pods(name)
-        for pod in pods.values():
-            where = pod.spec.node_name or "(unscheduled)"
-            timeline.note(f"pod {pod.metadata.uid}", f"pod {pod.metadata.name} {pod.status.phase} on {where}")
-        for world, state in (status.get("worlds") or {}).items():
-            failure = state.get("lastFailure") or {}
-            if failure:
-                timeline.note(
-                    f"failure {world} {failure.get('epoch')}",
-                    f"{world} failed at epoch {failure.get('epoch')}: {failure.get('reason')} "
-                    f"{failure.get('pod', '')} {failure.get('message', '')}",
-                )
-            timeline.note(f"{world} {state['phase']} {state['epoch']}", f"{world} {state['phase']} at {state['epoch']}")
-            formed = _formed(state)
-            ranks = (table.get(world) or {}).get("pods") or []
-            on_lost = [p for p in ranks if p not in pods or pods[p].spec.node_name == lost]
-            if (
-                world in hit
-                and world not in back
-                and state["epoch"] > epochs[world]
-                and state["phase"] == "Running"
-                and formed
-                and not on_lost
-            ):
-                back[world] = formed - timeline.fault
-                timeline.note(
-                    f"back {world}", f"{world} back at epoch {state['epoch']}: formed at +{back[world]:.2f} s"
-                )
-        if set(back) == hit:
-            return back
-        time.sleep(0.2)
-    raise AssertionError(f"not every world hit by the loss of {lost} came back within {limit:.0f} s:\n{timeline}")
-
-
-def _placed(path: Path, on_lost: set[str], lost: str, kept: str) -> None:
-    """Each member of the manifest at `path` prefers node `lost` (those in `on_lost`) or `kept`,
-    less than the operator prefers another node than one where a pod went silent."""
-    manifest = yaml.safe_load(path.read_text())
-    spec = manifest["spec"]
-    for member in spec["members"]:
-        template = member["template"] = copy.deepcopy(spec["template"])
-        node = lost if member["name"] in on_lost else kept
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-        template["spec"]["affinity"] = {
-            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "preference": term}]}
-        }
-    path.write_text(yaml.safe_dump(manifest))
-
-
 @pytest.mark.parametrize(("fault", "on_lost"), [("power-off", {"leader"}), ("partition", {"leader", "w1", "w2"})])
 def test_a_lost_node_costs_its_worlds_seconds(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path, fault: str, on_lost: set[str]
@@ -169,13 +76,13 @@ def test_a_lost_node_costs_its_worlds_seconds(
     name = f"lost-{fault}"
     lost, kept = kube_node.nodes[1].name, kube_node.nodes[0].name
     path = example_manifest("all_gather", name, tmp_path)
-    _placed(path, on_lost, lost, kept)
+    placed_by_preference(path, on_lost, lost, kept)
     with applied(kube_node, operator, kube, path, name):
 
         def running() -> dict[str, Any] | None:
             status = kube.status(name)
             worlds = status.get("worlds") or {}
-            up = status.get("phase") == "Running" and all(_formed(w) for w in worlds.values())
+            up = status.get("phase") == "Running" and all(formed_at(w) for w in worlds.values())
             return status if up and worlds else None
 
         status = wait_for(f"{name} Running", running, WAIT_S)
@@ -195,7 +102,7 @@ def test_a_lost_node_costs_its_worlds_seconds(
                 kube_node.power_off(lost)
             else:
                 kube_node.partition(lost)
-            back = _watch_recovery(kube, name, lost, hit, epochs, timeline, 420.0)
+            back = watch_recovery(kube, name, lost, hit, epochs, timeline, 420.0)
         finally:
             print(timeline)
             healing = time.monotonic()
@@ -210,7 +117,7 @@ def test_a_lost_node_costs_its_worlds_seconds(
         # The healed node's old processes (a partition's still ran) end: their pods are gone.
         wait_for(
             f"the processes of the pods lost with {lost} gone once it is back",
-            lambda: not _pod_processes(node_cgroup, old),
+            lambda: not pod_processes(node_cgroup, old),
             OLD_GONE_WITHIN_S,
         )
         gone = time.monotonic()
@@ -221,3 +128,28 @@ def test_a_lost_node_costs_its_worlds_seconds(
         later = kube.status(name)
         assert {w: s["epoch"] for w, s in later["worlds"].items()} == now, later
         assert all(s["phase"] == "Running" for s in later["worlds"].values()), later
+
+
+def test_node_loss_bench_reports_each_fault_and_mode(kube_node: Cluster) -> None:
+    """bench/node_loss.py --quick on the session's nodes: its documented JSON shape, a power-off
+    whose leader's ranks a warm spare took, a partition's a new pod, and Kubernetes' own path
+    beside them (NotReady after its grace period, eviction its toleration later). Its times are
+    the bench's business: no speed is asserted here."""
+    result = subprocess.run([sys.executable, "-m", "bench.node_loss", "--quick", "--json",
+                             "--cluster", str(kube_node.directory)],
+                            cwd=REPO, capture_output=True, text=True, timeout=BENCH_RUN_S, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(figures) == {"scenarios", "kubernetes_path_s"}, figures
+    scenarios = figures["scenarios"]
+    assert set(scenarios) == {"power-off/warm_spare", "partition/new_pod"}, figures
+    for scenario in scenarios.values():
+        assert set(scenario) == {"recovery_s", "trials", "by_spare"}, figures
+        assert len(scenario["trials"]) == 1 and scenario["trials"][0] > 0, figures
+        assert scenario["recovery_s"]["median"] == scenario["trials"][0], figures
+    assert scenarios["power-off/warm_spare"]["by_spare"] == [True], figures
+    assert scenarios["partition/new_pod"]["by_spare"] == [False], figures
+    path = figures["kubernetes_path_s"]
+    assert path["toleration_s"] == 300, figures  # the API server's default, on every pod
+    assert path["not_ready_s"] > scenarios["power-off/warm_spare"]["trials"][0], figures
+    assert path["eviction_s"] == path["not_ready_s"] + path["toleration_s"], figures

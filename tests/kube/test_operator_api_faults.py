@@ -17,8 +17,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from multiworld_operator.kube.api import CONCURRENCY, KubeApi, gather_bounded
-from multiworld_operator.kube.planner_memory import MEMORY_KEY
+from multiworld_operator.kube.client.api import CONCURRENCY, KubeApi, gather_bounded
+from multiworld_operator.kube.memory.planner_memory import MEMORY_KEY
 from tests.cluster.cluster import Cluster
 from tests.support.operator_support import KubeNamespace, Scene, two_worlds, wait_for
 from tests.support.webhook_support import RefusingWebhook

@@ -20,15 +20,15 @@ from multiworld.contract import (
     WorldTable,
 )
 from multiworld_operator.channel_server import LOST_AFTER_S
-from multiworld_operator.kube import observe
-from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, pod_body
-from multiworld_operator.kube.lost_hosts import AVOID_S, MAX_REPLACED, LostHosts
-from multiworld_operator.kube.observe import observe_pods, pod_addresses
-from multiworld_operator.kube.planner_memory import MEMORY_KEY, memory_body, read_memory
-from multiworld_operator.kube.pod_cache import PodCache
-from multiworld_operator.kube.ports import preferred_port, world_ports
-from multiworld_operator.kube.refusal import refusal_patch
-from multiworld_operator.kube.worker_inbox import WorkerInbox
+from multiworld_operator.kube.memory.planner_memory import MEMORY_KEY, memory_body, read_memory
+from multiworld_operator.kube.objects import observe
+from multiworld_operator.kube.objects.bodies import CREATED_FOR_ANNOTATION, pod_body
+from multiworld_operator.kube.objects.observe import observe_pods, pod_addresses
+from multiworld_operator.kube.objects.pod_cache import PodCache
+from multiworld_operator.kube.objects.ports import preferred_port, world_ports
+from multiworld_operator.kube.reporting.refusal import refusal_patch
+from multiworld_operator.kube.workers.lost_hosts import AVOID_S, MAX_REPLACED, LostHosts
+from multiworld_operator.kube.workers.worker_inbox import WorkerInbox
 from multiworld_operator.planner import CreatePod, MultiWorldStatus, Observation, plan
 from multiworld_operator.spec import MultiWorld, parse_manifest
 from multiworld_operator.spec.limits import PORT_BASE, PORT_SPAN

@@ -20,8 +20,8 @@ from prometheus_client import generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from multiworld_operator.kube import metrics as metrics_module
-from multiworld_operator.kube.metrics import Key, OperatorMetrics, api_verb, transitions
+from multiworld_operator.kube.metrics import registry as metrics_module
+from multiworld_operator.kube.metrics.registry import Key, OperatorMetrics, api_verb, transitions
 from multiworld_operator.planner.status import StatusView
 from tests.support.operator_metrics import T0, FixedStatuses, failure, planner_status as status
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from multiworld_operator.kube.memory_store import MEMORY_REBUILT
-from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MEMORY_KEY
+from multiworld_operator.kube.memory.memory_store import MEMORY_REBUILT
+from multiworld_operator.kube.memory.planner_memory import MAX_MEMORY_BYTES, MEMORY_KEY
 from tests.cluster.cluster import Cluster
 from tests.support.operator_support import (
     Kubelet,

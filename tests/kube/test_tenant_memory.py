@@ -5,7 +5,7 @@ hundreds of MiB, past the chart's memory limit, at every restart.
 
 Here the tenant, with its own credentials, writes gzip of 30 MiB of JSON objects, or of JSON
 nested far past any parser's depth, while the operator is down. The operator that starts next
-reads no more than its bounds (kube/planner_memory.py): it stays far below the chart's memory
+reads no more than its bounds (kube/memory/planner_memory.py): it stays far below the chart's memory
 limit, it rebuilds that MultiWorld's memory from the cluster (one Warning Event, no pod
 deleted), and it keeps serving the tenant's other MultiWorld, whose failure it recovers as
 usual.
@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
-from multiworld_operator.kube.memory_store import MEMORY_REBUILT
-from multiworld_operator.kube.planner_memory import MEMORY_KEY
+from multiworld_operator.kube.memory.memory_store import MEMORY_REBUILT
+from multiworld_operator.kube.memory.planner_memory import MEMORY_KEY
+from multiworld_operator.kube.workers.channel_settings import ENV_CHANNEL_PORT
 from tests.cluster.cluster import Cluster
 from tests.support.operator_support import (
     Kubelet,

@@ -20,9 +20,9 @@ import pytest
 from kubernetes import client
 from kubernetes.config import kube_config
 
-from multiworld_operator.kube import webhook_secret, webhook_tls
-from multiworld_operator.kube.webhook_secret import CertificateSecret, secret_name
-from multiworld_operator.kube.webhook_tls import AdmissionServer, CaBundle
+from multiworld_operator.kube.admission import certificate as webhook_secret, tls as webhook_tls
+from multiworld_operator.kube.admission.certificate import CertificateSecret, secret_name
+from multiworld_operator.kube.admission.tls import AdmissionServer, CaBundle
 from tests.cluster import cluster as cluster_module
 from tests.cluster.cluster import Cluster
 from tests.support.webhook_support import ca_bundle

@@ -14,11 +14,11 @@ import pytest
 
 from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldEntry, WorldTable
 from multiworld_operator.channel_server import HELLO_BURST, ChannelServer
-from multiworld_operator.kube.api import KubeApi
+from multiworld_operator.kube.client.api import KubeApi
 from multiworld_operator.kube.controller import MIN_STATUS_STEP_S, ReconcileLoop
-from multiworld_operator.kube.metrics import OperatorMetrics
-from multiworld_operator.kube.worker_identity import PodIdentities
-from multiworld_operator.kube.worker_inbox import MAX_REASON, WorkerInbox
+from multiworld_operator.kube.metrics.registry import OperatorMetrics
+from multiworld_operator.kube.workers.worker_identity import PodIdentities
+from multiworld_operator.kube.workers.worker_inbox import MAX_REASON, WorkerInbox
 from tests.cluster.cluster import Cluster
 
 POD = "mw-a-0"

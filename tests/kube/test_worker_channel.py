@@ -31,7 +31,7 @@ from multiworld.contract import (
     WorldEntry,
     WorldTable,
 )
-from multiworld_operator.kube.api_basics import MERGE_PATCH
+from multiworld_operator.kube.client.api_basics import MERGE_PATCH
 from tests.cluster.cluster import Cluster
 from tests.support.operator_support import (
     WORKER_SA,

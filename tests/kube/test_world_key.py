@@ -1,4 +1,4 @@
-"""The key of every world's secrets (issue 32 finding 5; kube/world_key.py), against a real API
+"""The key of every world's secrets (issue 32 finding 5; kube/workers/world_key.py), against a real API
 server: replicas that start together, and a replica that restarts, read one key, so a world's
 secret at an epoch is the same whichever replica hands it and after a restart; the chart's empty
 Secret is filled, a missing one made, and one that holds no key refuses to start the operator."""
@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.config import kube_config
 
-from multiworld_operator.kube.world_key import DATA_KEY, ENV_WORLD_KEY_SECRET, world_key
+from multiworld_operator.kube.workers.world_key import DATA_KEY, ENV_WORLD_KEY_SECRET, world_key
 from multiworld_operator.world_secrets import KEY_BYTES, WorldSecrets
 from tests.cluster.cluster import Cluster
 

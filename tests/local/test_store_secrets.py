@@ -2,7 +2,7 @@
 (issue 32, finding 5; docs/security.md, "Each world's rendezvous store").
 
 Rank 0's store is a torch TCPStore: it answers anything that reaches its port. The attacker here
-is a raw torch client (not multiworld.stores) that knows what a port scan and the code tell: the
+is a raw torch client (not multiworld.world.stores) that knows what a port scan and the code tell: the
 world's name, its store's host and port, its epoch and size, and the failure detector's beat
 store port (which the test, not the attacker, reads from the members' entries). It holds no
 secret. It tries what was seen to break a world on the node: the abort key written, the epoch

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from multiworld.contract import ENV_WORLDS, WorkerEnv, WorldAssignment, WorldEntry, WorldTable, store_prefix
-from multiworld_operator.kube.world_key import ENV_WORLD_KEY_SECRET, world_key
+from multiworld_operator.kube.workers.world_key import ENV_WORLD_KEY_SECRET, world_key
 from multiworld_operator.planner import CreatePod
 from multiworld_operator.world_secrets import KEY_BYTES, SECRET_HEX, WorldSecrets, new_key
 

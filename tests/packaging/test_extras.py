@@ -59,7 +59,7 @@ except Exception:
 import kopf, multiworld_operator, multiworld_operator.kube.handlers, multiworld_operator.kube.main
 kopf.OperatorSettings().watching.label_selectors
 from datetime import UTC, datetime
-from multiworld_operator.kube.webhook_secret import self_signed
+from multiworld_operator.kube.admission.certificate import self_signed
 assert b"BEGIN CERTIFICATE" in self_signed(["webhook.ns.svc", "127.0.0.1"], datetime.now(UTC))[0]
 try:
     import torch

@@ -57,20 +57,20 @@ def test_the_project_imports_no_module_in_a_circle() -> None:
 LAYERED = {
     "multiworld_operator/__init__.py": "",
     "multiworld_operator/kube/__init__.py": "",
-    "multiworld_operator/kube/api.py": "import kopf\nimport kubernetes.client\n",
+    "multiworld_operator/kube/client/api.py": "import kopf\nimport kubernetes.client\n",
     "multiworld_operator/planner/__init__.py": "",
     "multiworld_operator/planner/decide.py": (
         "from typing import TYPE_CHECKING\n"
         "from multiworld import contract\n"
-        "if TYPE_CHECKING:\n    from ..kube import api\n"
+        "if TYPE_CHECKING:\n    from ..kube.client import api\n"
         "def plan():\n    import torch\n"
     ),
     "multiworld/__init__.py": "",
     "multiworld/contract.py": "",
-    "multiworld/world.py": "import torch\n",
-    "multiworld/holdings.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
-    "multiworld/joining.py": "def join():\n    from multiworld import world\n",
-    "multiworld/manager.py": "from multiworld.world import World\nfrom torch import Tensor\n",
+    "multiworld/world/core.py": "import torch\n",
+    "multiworld/membership/holdings.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",
+    "multiworld/membership/joining.py": "def join():\n    from multiworld import world\n",
+    "multiworld/manager.py": "from multiworld.world.core import World\nfrom torch import Tensor\n",
 }
 
 
@@ -78,15 +78,15 @@ def test_each_import_that_breaks_a_layer_is_reported(tmp_path: Path) -> None:
     packages = tree(tmp_path, LAYERED)
     found = violations(packages)
     assert [line.split(" (")[0] for line in found] == [
-        "multiworld.manager -> multiworld.world",
+        "multiworld.manager -> multiworld.world.core",
         "multiworld.manager -> torch",
-        "multiworld_operator.kube.api -> kopf",
-        "multiworld_operator.planner.decide -> multiworld_operator.kube.api",
+        "multiworld_operator.kube.client.api -> kopf",
+        "multiworld_operator.planner.decide -> multiworld_operator.kube.client.api",
         "multiworld_operator.planner.decide -> torch",
     ]
     decide = tmp_path / "multiworld_operator" / "planner" / "decide.py"
     assert found[3] == (
-        "multiworld_operator.planner.decide -> multiworld_operator.kube.api (`planner/` must not import any "
+        "multiworld_operator.planner.decide -> multiworld_operator.kube.client.api (`planner/` must not import any "
         f"operator module outside `planner/` and `spec/` (kube, local, ...)) at {decide}:4"
     )
     assert "the operator: `multiworld_operator` must not import torch (its image has none)" in found[4]

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from multiworld_operator.kube.planner_memory import memory_body
+from multiworld_operator.kube.memory.planner_memory import memory_body
 from multiworld_operator.planner.status import RECENT_RESTARTS, RESTART_SLOTS
 from multiworld_operator.spec.limits import MAX_RESTARTS
 from tests.support.planner_sim import Sim, make, seed_topology

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from multiworld_operator.crd import crd
-from multiworld_operator.kube.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
+from multiworld_operator.kube.memory.planner_memory import MAX_MEMORY_BYTES, MAX_MEMORY_VALUES
 from multiworld_operator.spec import SpecError, parse_manifest
 from multiworld_operator.spec.limits import (
     MAX_MEMBERS,

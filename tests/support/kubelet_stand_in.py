@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from multiworld_operator.kube.api_basics import MERGE_PATCH
-from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION, NAME_LABEL
+from multiworld_operator.kube.client.api_basics import MERGE_PATCH
+from multiworld_operator.kube.objects.bodies import CREATED_FOR_ANNOTATION, NAME_LABEL
 
 # Watches are renewed this often, so stopping never waits longer.
 WATCH_S = 5

@@ -15,8 +15,19 @@ if TYPE_CHECKING:
     from tests.support.import_graph import Site
 
 OP = "multiworld_operator"
-TORCH_AT_LOAD = ("world", "backends", "ops", "stores", "rendezvous")
-LIGHT = ("contract", "detect_config", "verdicts", "silence", "errors", "reduce_op", "shutdown", "work", "metrics")
+TORCH_AT_LOAD = ("world.core", "world.backends", "world.ops", "world.stores", "world.rendezvous")
+LIGHT = (
+    "contract",
+    "detect.config",
+    "detect.verdicts",
+    "detect.silence",
+    "errors",
+    "world.reduce_op",
+    "shutdown",
+    "world.work",
+    "metrics",
+    "log_context",
+)
 
 
 def within(name: str, pattern: str) -> bool:
@@ -89,7 +100,12 @@ LAYERS: tuple[Layer, ...] = (
         (
             Rule("torch (its image has none)", ("torch",)),
             Rule("any `multiworld` module but `multiworld.contract`", ("multiworld",), allowed=_mw("contract")),
-            Rule("kubernetes and kopf outside `kube/`", ("kubernetes", "kopf"), allowed_in=KUBE),
+            Rule(
+                "kubernetes outside `kube/` and `commands/status`",
+                ("kubernetes",),
+                allowed_in=(*KUBE, *_op("commands.status")),
+            ),
+            Rule("kopf outside `kube/`", ("kopf",), allowed_in=KUBE),
         ),
     ),
     Layer(
@@ -131,11 +147,15 @@ LAYERS: tuple[Layer, ...] = (
                 "the worker runtime (any `multiworld` module but `contract`)", ("multiworld",), allowed=_mw("contract")
             ),
             Rule(
-                "kopf outside `handlers`/`main`/`admission`/`webhook_tls`",
+                "kopf outside `handlers`, `main` and `admission/`",
                 ("kopf",),
-                allowed_in=_op("kube.handlers", "kube.main", "kube.admission", "kube.webhook_tls"),
+                allowed_in=_op("kube.handlers", "kube.main", "kube.admission"),
             ),
-            Rule("cryptography outside `webhook_secret`", ("cryptography",), allowed_in=_op("kube.webhook_secret")),
+            Rule(
+                "cryptography outside `admission/certificate`",
+                ("cryptography",),
+                allowed_in=_op("kube.admission.certificate"),
+            ),
         ),
     ),
     Layer(
@@ -146,8 +166,16 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "`cli.py`",
         _op("cli"),
-        (Rule("kube, local and `crd` at module top", (*KUBE, *LOCAL, *_op("crd")), at_load=True),),
+        (
+            Rule(
+                "kube, local, `commands` and `crd` at module top",
+                (*KUBE, *LOCAL, *_op("commands", "crd")),
+                at_load=True,
+            ),
+        ),
     ),
+    Layer("`commands/run.py`", _op("commands.run"), (Rule("kube", KUBE), KUBERNETES, KOPF)),
+    Layer("`commands/status.py`", _op("commands.status"), (Rule("local", LOCAL), KOPF)),
     Layer(
         ", ".join(f"`multiworld.{n}`" if n == "contract" else f"`{n}`" for n in LIGHT),
         _mw(*LIGHT),

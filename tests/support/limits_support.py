@@ -36,9 +36,9 @@ import yaml
 
 from multiworld.contract import ENV_WORLDS, BrokenWorldReport, ChannelMessage, WorkerStatus, WorldAssignment
 from multiworld_operator.channel_server import MAX_LINE as MAX_LINE
-from multiworld_operator.kube.bodies import pod_body, rendezvous_host
-from multiworld_operator.kube.planner_memory import json_values, memory_body
-from multiworld_operator.kube.ports import world_ports
+from multiworld_operator.kube.memory.planner_memory import json_values, memory_body
+from multiworld_operator.kube.objects.bodies import pod_body, rendezvous_host
+from multiworld_operator.kube.objects.ports import world_ports
 from multiworld_operator.planner import CreatePod, MultiWorldStatus, Plan, plan
 from multiworld_operator.planner.status import MAX_MESSAGE, RECENT_RESTARTS, RESTART_SLOTS, RestartSlot
 from multiworld_operator.spec import MultiWorld, parse_manifest

@@ -1,4 +1,4 @@
-"""The operator's real metrics (multiworld_operator.kube.metrics) fed with statuses of a test's
+"""The operator's real metrics (multiworld_operator.kube.metrics.registry) fed with statuses of a test's
 choosing, for tests that scrape them without an operator running: `OperatorMetrics` reads them
 through `FixedStatuses` as a replica reads the statuses it knows, and serves them on its real
 HTTP endpoint. `planner_status` and `failure` build the planner's memory the steps compare."""
@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from multiworld_operator.kube.metrics import Key
+from multiworld_operator.kube.metrics.registry import Key
 from multiworld_operator.planner import MultiWorldStatus
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -28,11 +28,11 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config import kube_config
 
 from multiworld.contract import NAME_LABEL
-from multiworld_operator.kube.api_basics import MERGE_PATCH
-from multiworld_operator.kube.bodies import CREATED_FOR_ANNOTATION
-from multiworld_operator.kube.channel_settings import ENV_CHANNEL_PORT
+from multiworld_operator.kube.client.api_basics import MERGE_PATCH
 from multiworld_operator.kube.leadership import LEADER_LABEL
-from multiworld_operator.kube.planner_memory import read_memory
+from multiworld_operator.kube.memory.planner_memory import read_memory
+from multiworld_operator.kube.objects.bodies import CREATED_FOR_ANNOTATION
+from multiworld_operator.kube.workers.channel_settings import ENV_CHANNEL_PORT
 from tests.cluster import cluster as cluster_module
 from tests.cluster.cluster import Cluster
 from tests.support.webhook_support import RefusingWebhook

@@ -23,8 +23,8 @@ from typing import Any
 
 from kubernetes import client
 
-from multiworld_operator.kube.admission import HANDLER_ID
-from multiworld_operator.kube.webhook_secret import self_signed
+from multiworld_operator.kube.admission.certificate import self_signed
+from multiworld_operator.kube.admission.webhook import HANDLER_ID
 from tests.cluster import cluster as cluster_module
 
 JSON_PATCH = "application/json-patch+json"

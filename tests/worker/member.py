@@ -304,8 +304,8 @@ def join(args: dict[str, Any]) -> None:
 def gone_before_build(args: dict[str, Any]) -> None:
     """Take part in the world's handshake as a member would, then die before the communicator
     is built (a pod killed at that moment): its peers' builds wait for it."""
-    from multiworld import stores
-    from multiworld.rendezvous import Rendezvous
+    from multiworld.world import stores
+    from multiworld.world.rendezvous import Rendezvous
 
     a = mw.WorldAssignment.model_validate(args["world"])
     never = threading.Event()

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from multiworld.contract import WorldAssignment
-from multiworld.holdings import Holdings, Join, RuleBroken
+from multiworld.membership.holdings import Holdings, Join, RuleBroken
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from multiworld.world import World
+    from multiworld.world.core import World
 
 pytestmark = pytest.mark.quick
 

@@ -24,7 +24,7 @@ from multiworld.communicator import BrokenWorldException
 from multiworld.contract import WORLD_NAME_RE
 from multiworld.errors import UnknownWorldError, WorldBrokenError
 from multiworld.manager import WorldManager
-from multiworld.world_labels import world_label
+from multiworld.pymultiworld.world_labels import world_label
 from tests.support.worker_support import TEST_DETECT, free_ports
 
 # Run as a module from the repository root (the members' working directory): it imports member.py's helpers.

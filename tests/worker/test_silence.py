@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from multiworld.silence import LATE_TICKS, JudgeClock, StillCounter
+from multiworld.detect.silence import LATE_TICKS, JudgeClock, StillCounter
 
 INTERVAL = 0.05
 

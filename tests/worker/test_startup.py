@@ -27,8 +27,8 @@ from multiworld.contract import (
     WorldEntry,
     WorldTable,
 )
+from multiworld.detect.verdicts import Verdict
 from multiworld.errors import short
-from multiworld.verdicts import Verdict
 from tests.support.worker_support import TEST_DETECT, Member, TableServer, assignment, free_ports
 
 
@@ -61,7 +61,16 @@ def test_importing_the_library_changes_nothing_in_the_process() -> None:
         "WorldManager(pod='p').close()\n"
         "print(runtime, unchanged, sys.excepthook is hooks[1], atexit._ncallbacks() > hooks[2])"
     ).format(
-        light=repr({"multiworld.contract", "multiworld.detect_config", "multiworld.errors", "multiworld.reduce_op"})
+        light=repr(
+            {
+                "multiworld.contract",
+                "multiworld.detect",
+                "multiworld.detect.config",
+                "multiworld.errors",
+                "multiworld.world",
+                "multiworld.world.reduce_op",
+            }
+        )
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["[]", "True", "False", "True"], out
@@ -181,8 +190,8 @@ def test_a_refused_channel_says_why_and_tries_again(tmp_path: Path, caplog: pyte
 
 
 def test_every_op_a_backend_checks_itself_has_a_check_that_names_what_it_refused() -> None:
-    from multiworld.backends import GlooDriver, NcclDriver
-    from multiworld.ops import ARGUMENT_CHECKS
+    from multiworld.world.backends import GlooDriver, NcclDriver
+    from multiworld.world.ops import ARGUMENT_CHECKS
 
     for driver in (GlooDriver, NcclDriver):
         assert driver.self_checked <= ARGUMENT_CHECKS.keys(), driver.name

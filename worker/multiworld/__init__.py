@@ -22,7 +22,7 @@ from multiworld.contract import (
     WorldEntry,
     WorldTable,
 )
-from multiworld.detect_config import DetectConfig
+from multiworld.detect.config import DetectConfig
 from multiworld.errors import (
     JoinTimedOut,
     MultiWorldError,
@@ -32,13 +32,13 @@ from multiworld.errors import (
     WorldBrokenError,
     WorldJoinError,
 )
-from multiworld.reduce_op import ReduceOp
+from multiworld.world.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
     from multiworld.manager import WorldManager
-    from multiworld.startup import init_from_env
-    from multiworld.work import Work
-    from multiworld.world import World
+    from multiworld.membership.startup import init_from_env
+    from multiworld.world.core import World
+    from multiworld.world.work import Work
 
 # Quiet unless the application configures logging.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
@@ -46,9 +46,9 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 # Looked up on first use: name -> the module that defines it.
 _LAZY = {
     "WorldManager": "multiworld.manager",
-    "init_from_env": "multiworld.startup",
-    "Work": "multiworld.work",
-    "World": "multiworld.world",
+    "init_from_env": "multiworld.membership.startup",
+    "Work": "multiworld.world.work",
+    "World": "multiworld.world.core",
 }
 
 

@@ -1,6 +1,6 @@
 """pymultiworld's `WorldCommunicator` and `BrokenWorldException`, where its programs import them.
 
-Each op awaits the named world's own op (world.py, ops.py): nothing polls, and a broken world
+Each op awaits the named world's own op (world/core.py, world/ops.py): nothing polls, and a broken world
 raises BrokenWorldException from pending and new ops. World names are pymultiworld's (any
 string, "" by default); see compat.py for how they map to the library's.
 """
@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from multiworld.errors import UnknownWorldError, WorldBrokenError
-from multiworld.reduce_op import ReduceOp
-from multiworld.world_labels import DEFAULT_WORLD_NAME, world_label
+from multiworld.pymultiworld.world_labels import DEFAULT_WORLD_NAME, world_label
+from multiworld.world.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from multiworld.ops import AnyReduceOp
-    from multiworld.world import World
+    from multiworld.world.core import World
+    from multiworld.world.ops import AnyReduceOp
 
 
 class BrokenWorldException(WorldBrokenError):

@@ -5,7 +5,7 @@ Its parts, each in its own module, share what it holds (holdings.py): joining wo
 (joining.py), following the world table (table_following.py), waiting for worlds (waiting.py)
 and the worker's status and reports (worker_status.py). Leaving and shutdown are here.
 
-No torch at import: the communicator code (world.py) loads on the first join.
+No torch at import: the communicator code (world/core.py) loads on the first join.
 """
 
 from __future__ import annotations
@@ -19,21 +19,21 @@ from typing import TYPE_CHECKING, Any
 from multiworld import metrics, shutdown
 from multiworld.channels import Channel
 from multiworld.channels.none import NoneChannel
-from multiworld.compat import PymultiworldFace
 from multiworld.contract import WorkerStatus, WorldAssignment, WorldTable, metrics_port_from_env
-from multiworld.detect_config import DetectConfig
-from multiworld.detector import Detector, HeartbeatLoad
+from multiworld.detect.config import DetectConfig
+from multiworld.detect.detector import Detector, HeartbeatLoad
 from multiworld.errors import UnknownWorldError
-from multiworld.holdings import Holdings, Join
-from multiworld.joining import Joiner, as_assignment
-from multiworld.table_following import TableFollower
-from multiworld.waiting import Waits
-from multiworld.worker_status import StatusReporter
+from multiworld.membership.holdings import Holdings, Join
+from multiworld.membership.joining import Joiner, as_assignment
+from multiworld.membership.table_following import TableFollower
+from multiworld.membership.waiting import Waits
+from multiworld.membership.worker_status import StatusReporter
+from multiworld.pymultiworld.compat import PymultiworldFace
 
 if TYPE_CHECKING:
     import torch
 
-    from multiworld.world import World
+    from multiworld.world.core import World
 
 
 class WorldManager(PymultiworldFace):
@@ -271,7 +271,7 @@ class WorldManager(PymultiworldFace):
         for join in joins:
             join.cancelled.set()
         if worlds:
-            from multiworld.world import release_in_background
+            from multiworld.world.core import release_in_background
 
             for world in worlds:
                 world.close("closed", release=False)

@@ -28,16 +28,16 @@ from typing import Any, cast
 from kubernetes.client.rest import ApiException
 
 from multiworld.contract import BrokenWorldReport, WorkerStatus
-from multiworld_operator.kube.api_basics import Backoff, api_message
-
-from ..channel_server import ChannelServer, Speaker
-from ..world_secrets import new_key
-from .api import KubeApi
-from .channel_settings import ChannelSettings
-from .errors import CreateRefused, MultiWorldGone, StepFailed
-from .metrics import OperatorMetrics
-from .reconcile import RECONNECT_GRACE_S, Reconciler
-from .worker_identity import PodIdentities
+from multiworld_operator.channel_server import ChannelServer, Speaker
+from multiworld_operator.kube.client.api import KubeApi
+from multiworld_operator.kube.client.api_basics import Backoff, api_message
+from multiworld_operator.kube.metrics.registry import OperatorMetrics
+from multiworld_operator.kube.reconcile import RECONNECT_GRACE_S, Reconciler
+from multiworld_operator.kube.reporting.errors import CreateRefused, MultiWorldGone, StepFailed
+from multiworld_operator.kube.workers.channel_settings import ChannelSettings
+from multiworld_operator.kube.workers.worker_identity import PodIdentities
+from multiworld_operator.log_context import multiworld_bound
+from multiworld_operator.world_secrets import new_key
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,10 @@ class ReconcileLoop:
         self.wake.set()
 
     async def _run(self) -> None:
+        with multiworld_bound(*self.key):
+            await self._steps()
+
+    async def _steps(self) -> None:
         wait: float | None = 0.0
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -109,13 +113,13 @@ class ReconcileLoop:
                 self.backoff.reset()
                 self.reconciler.failing_with = None
             except MultiWorldGone:
-                log.info("%s/%s: gone; reconcile loop ends", *self.key)
+                log.info("gone; reconcile loop ends")
                 return
             except (ApiException, CreateRefused, StepFailed, OSError) as error:
                 wait = self._backoff(error)
                 await self._report(error)
             except Exception as error:  # a bug must not end the loop of this MultiWorld for good
-                log.exception("%s/%s: reconcile step failed", *self.key)
+                log.exception("reconcile step failed")
                 wait = self._backoff(None)
                 await self._report(error)
 
@@ -123,13 +127,13 @@ class ReconcileLoop:
         try:
             await self.reconciler.report_error(error)
         except (ApiException, OSError, MultiWorldGone) as failure:  # best effort: the step is retried anyway
-            log.warning("%s/%s: could not report the failed step: %s", *self.key, failure)
+            log.warning("could not report the failed step: %s", failure)
 
     def _backoff(self, error: BaseException | None) -> float:
         delay = self.backoff.next()
         if error is not None:
             reason = api_message(error) if isinstance(error, ApiException) else str(error)
-            log.warning("%s/%s: reconcile step failed (%s); retrying in %gs", *self.key, reason, delay)
+            log.warning("reconcile step failed (%s); retrying in %gs", reason, delay)
         return delay
 
     async def stop(self) -> None:
@@ -193,18 +197,24 @@ class Controller:
 
     def _worker_status(self, speaker: Speaker, status: WorkerStatus) -> None:
         loop = self.loops.get(cast(Key, speaker.group))
-        if loop is not None and loop.reconciler.worker_status(speaker, status):
-            loop.poke_for_status()
+        if loop is not None:
+            with multiworld_bound(*loop.key):
+                if loop.reconciler.worker_status(speaker, status):
+                    loop.poke_for_status()
 
     def _worker_report(self, speaker: Speaker, report: BrokenWorldReport) -> None:
         loop = self.loops.get(cast(Key, speaker.group))
-        if loop is not None and loop.reconciler.worker_report(speaker, report):
-            loop.poke()
+        if loop is not None:
+            with multiworld_bound(*loop.key):
+                if loop.reconciler.worker_report(speaker, report):
+                    loop.poke()
 
     def _worker_lost(self, speaker: Speaker) -> None:
         loop = self.loops.get(cast(Key, speaker.group))
-        if loop is not None and loop.reconciler.worker_lost(speaker):
-            loop.poke()
+        if loop is not None:
+            with multiworld_bound(*loop.key):
+                if loop.reconciler.worker_lost(speaker):
+                    loop.poke()
 
     async def multiworld_changed(self, body: Mapping[str, Any], deleted: bool) -> None:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])

@@ -18,17 +18,16 @@ from typing import Any, cast
 
 import kopf
 
-from multiworld_operator.kube.api_basics import REQUEST_TIMEOUT_S
-
-from ..spec.resource import API_GROUP, API_VERSION, PLURAL
-from .api import CONCURRENCY, KubeApi, api_client
-from .bodies import NAME_LABEL
-from .channel_settings import ChannelSettings
-from .controller import Controller
-from .leadership import Leadership
-from .metrics import OperatorMetrics
-from .metrics_access import MAX_CHECKS, MetricsAccess
-from .world_key import world_key
+from multiworld_operator.kube.client.api import CONCURRENCY, KubeApi, api_client
+from multiworld_operator.kube.client.api_basics import REQUEST_TIMEOUT_S
+from multiworld_operator.kube.controller import Controller
+from multiworld_operator.kube.leadership import Leadership
+from multiworld_operator.kube.metrics.access import MAX_CHECKS, MetricsAccess
+from multiworld_operator.kube.metrics.registry import OperatorMetrics
+from multiworld_operator.kube.objects.bodies import NAME_LABEL
+from multiworld_operator.kube.workers.channel_settings import ChannelSettings
+from multiworld_operator.kube.workers.world_key import world_key
+from multiworld_operator.spec.resource import API_GROUP, API_VERSION, PLURAL
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import urllib3
 from kubernetes.client.rest import ApiException
 
-from multiworld_operator.kube.api_basics import api_message
+from multiworld_operator.kube.client.api_basics import api_message
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import logging
 
 import kopf
 
-from . import handlers  # noqa: F401  (registers the handlers with kopf)
-from .admission import Webhook, enable
-from .leadership import LeaseConfig
+from multiworld_operator.kube import handlers  # noqa: F401  (registers the handlers with kopf)
+from multiworld_operator.kube.admission.webhook import Webhook, enable
+from multiworld_operator.kube.leadership import LeaseConfig
 
 
 def run_operator(

@@ -40,27 +40,26 @@ from typing import Any, NamedTuple, NoReturn
 from kubernetes.client.rest import ApiException
 
 from multiworld.contract import BrokenWorldReport, WorkerStatus, WorldTable
-from multiworld_operator.kube.api_basics import api_message
-
-from ..channel_server import ChannelServer, Speaker
-from ..planner import CreatePod, EmitEvent, MultiWorldStatus, Observation, Plan, plan
-from ..spec import MultiWorld, SpecError, parse_manifest
-from ..world_secrets import WorldSecrets, new_key
-from .api import KubeApi, gather_bounded
-from .bodies import plays_labels, pod_body, rendezvous_host, selector
-from .configmap_writer import ConfigMapWriter
-from .errors import CreateRefused, StepFailed, failing_as, not_ours, step_failure
-from .events import MultiWorldEvents
-from .lost_hosts import NODE_LOST, LostHosts
-from .memory_store import PlannerMemoryStore
-from .metrics import OperatorMetrics
-from .networking import Networking
-from .observe import ObservedPods, SeenPod, observe_pods, pod_addresses
-from .pod_cache import PodCache
-from .ports import world_ports
-from .refusal import CREATE_REFUSED, INVALID_SPEC
-from .status_writer import StatusWriter
-from .worker_inbox import REPORT_REFUSED, WorkerInbox
+from multiworld_operator.channel_server import ChannelServer, Speaker
+from multiworld_operator.kube.client.api import KubeApi, gather_bounded
+from multiworld_operator.kube.client.api_basics import api_message
+from multiworld_operator.kube.memory.configmap_writer import ConfigMapWriter
+from multiworld_operator.kube.memory.memory_store import PlannerMemoryStore
+from multiworld_operator.kube.metrics.registry import OperatorMetrics
+from multiworld_operator.kube.objects.bodies import plays_labels, pod_body, rendezvous_host, selector
+from multiworld_operator.kube.objects.networking import Networking
+from multiworld_operator.kube.objects.observe import ObservedPods, SeenPod, observe_pods, pod_addresses
+from multiworld_operator.kube.objects.pod_cache import PodCache
+from multiworld_operator.kube.objects.ports import world_ports
+from multiworld_operator.kube.reporting.errors import CreateRefused, StepFailed, failing_as, not_ours, step_failure
+from multiworld_operator.kube.reporting.events import MultiWorldEvents
+from multiworld_operator.kube.reporting.refusal import CREATE_REFUSED, INVALID_SPEC
+from multiworld_operator.kube.reporting.status_writer import StatusWriter
+from multiworld_operator.kube.workers.lost_hosts import NODE_LOST, LostHosts
+from multiworld_operator.kube.workers.worker_inbox import REPORT_REFUSED, WorkerInbox
+from multiworld_operator.planner import CreatePod, EmitEvent, MultiWorldStatus, Observation, Plan, plan
+from multiworld_operator.spec import MultiWorld, SpecError, parse_manifest
+from multiworld_operator.world_secrets import WorldSecrets, new_key
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +177,7 @@ class Reconciler:
         node = next((pod.node for pod in self.pods.pods() if pod.uid == speaker.uid), "")
         news = self.lost.lost(speaker.uid, speaker.pod, node, datetime.now(UTC))
         if news:
-            log.warning("%s/%s: pod %s (%s) lost with its node", self.namespace, self.name, speaker.pod, speaker.uid)
+            log.warning("pod %s (%s) lost with its node", speaker.pod, speaker.uid)
         return news
 
     @property
@@ -266,7 +265,7 @@ class Reconciler:
             await self._label_spares(multiworld, result.status)
         with failing_as("writing the status"):
             await self.status.show(result.status)
-        await gather_bounded(self.events.post(e.type, e.reason, e.message) for e in planned.events)
+        await gather_bounded(self.events.post(e.type, e.reason, e.message, e.world) for e in planned.events)
         await gather_bounded(self.events.post("Warning", NODE_LOST, m) for m in self.lost.take_news())
         await gather_bounded(self.events.post("Warning", REPORT_REFUSED, m) for m in self.inbox.take_refusals())
         if failures:
@@ -306,7 +305,7 @@ class Reconciler:
                 break
             for delete in result.deletes:
                 if delete.pod in batch:
-                    log.info("%s/%s: deleting pod %s (%s)", self.namespace, self.name, delete.pod, delete.reason)
+                    log.info("deleting pod %s (%s)", delete.pod, delete.reason)
             deletes.update(batch)
             silent.update(batch[d.pod] for d in result.deletes if d.silent and d.pod in batch)
             pods = [pod for pod in pods if pod.name not in batch]  # deleted at once (below)
@@ -356,7 +355,7 @@ class Reconciler:
         if create.pod in seen.terminating:
             # Deleted with a grace period (`kubectl delete pod`): its worlds failed already
             # and its replacement needs the name, so the rest of that period is cut short.
-            log.info("%s/%s: deleting pod %s at once (replaced)", self.namespace, self.name, create.pod)
+            log.info("deleting pod %s at once (replaced)", create.pod)
             await self._delete_pod(create.pod, seen.present[create.pod])
         if create.pod in seen.present:
             return None  # created once the old instance (or an older MultiWorld's pod) is gone

@@ -6,8 +6,8 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..planner import MultiWorldStatus
-from ..spec import MultiWorld
+from multiworld_operator.planner import MultiWorldStatus
+from multiworld_operator.spec import MultiWorld
 
 
 @dataclass(frozen=True)

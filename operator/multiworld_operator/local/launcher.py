@@ -7,11 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from multiworld.contract import ENV_METRICS_PORT, metrics_port_from_env
-
-from ..planner import CreatePod
-from ..spec import MultiWorld
-from .processes import RUN_ENV, MemberProcess, check_executable, container_command
-from .tether import Tether
+from multiworld_operator.local.processes import RUN_ENV, MemberProcess, check_executable, container_command
+from multiworld_operator.local.tether import Tether
+from multiworld_operator.planner import CreatePod
+from multiworld_operator.spec import MultiWorld
 
 # Member -> the argv and the plain env values of its template's first container.
 Commands = dict[str, tuple[list[str], dict[str, str]]]

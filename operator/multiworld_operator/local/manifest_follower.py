@@ -10,10 +10,10 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..spec import MultiWorld, SpecError
-from .launcher import Commands, check_commands, member_commands
-from .processes import TemplateError
-from .view import LiveView
+from multiworld_operator.local.launcher import Commands, check_commands, member_commands
+from multiworld_operator.local.processes import TemplateError
+from multiworld_operator.local.view import LiveView
+from multiworld_operator.spec import MultiWorld, SpecError
 
 
 class ManifestFollower:

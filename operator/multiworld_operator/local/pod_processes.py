@@ -15,11 +15,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from multiworld.contract import JOIN_FAILED, BrokenWorldReport, WorkerStatus
-
-from ..planner import CreatePod, Observation, PodObservation
-from .launcher import MemberLauncher
-from .processes import MemberProcess, output_tail
-from .view import LiveView
+from multiworld_operator.local.launcher import MemberLauncher
+from multiworld_operator.local.processes import MemberProcess, output_tail
+from multiworld_operator.local.view import LiveView
+from multiworld_operator.planner import CreatePod, Observation, PodObservation
 
 # Starts in a row of a member that exit with an error before joining any world: crash-looping.
 CRASH_LOOP_STARTS = 3

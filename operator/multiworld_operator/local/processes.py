@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .tether import Tether
+from multiworld_operator.local.tether import Tether
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Each pod of the manifest becomes a local process; the planner decides everything
 in Kubernetes. This module only observes (process exits, worker reports and status over the
 local channel: pod_processes.py) and executes (start, kill: pod_processes.py and launcher.py;
 publish the world table: ../channel_server.py), injects the faults asked for (faults.py) and
-follows the manifest's edits (manifest_follower.py). run_command.py turns the command line
+follows the manifest's edits (manifest_follower.py). commands/run.py turns the command line
 into a LocalRunner.
 """
 
@@ -20,9 +20,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from multiworld.contract import Backend
-
-from ..channel_server import ChannelServer, local_url
-from ..planner import (
+from multiworld_operator.channel_server import ChannelServer, local_url
+from multiworld_operator.local.faults import FaultSchedule, Kill, SuspendWindow, kill_target
+from multiworld_operator.local.gpus import cuda_device_count, gpu_env
+from multiworld_operator.local.launcher import MemberLauncher, check_commands, member_commands
+from multiworld_operator.local.manifest_follower import ManifestFollower
+from multiworld_operator.local.pod_processes import PodProcesses
+from multiworld_operator.local.processes import find_workdir
+from multiworld_operator.local.store_ports import free_store_ports
+from multiworld_operator.local.summary import RunSummary, WorldTrackers
+from multiworld_operator.local.tether import Tether
+from multiworld_operator.local.view import LiveView, world_rows
+from multiworld_operator.planner import (
     Action,
     AssignSpare,
     CreatePod,
@@ -32,18 +41,8 @@ from ..planner import (
     PublishTable,
     plan,
 )
-from ..spec import MultiWorld
-from ..world_secrets import WorldSecrets, new_key
-from .faults import FaultSchedule, Kill, SuspendWindow, kill_target
-from .gpus import cuda_device_count, gpu_env
-from .launcher import MemberLauncher, check_commands, member_commands
-from .manifest_follower import ManifestFollower
-from .pod_processes import PodProcesses
-from .processes import find_workdir
-from .store_ports import free_store_ports
-from .summary import RunSummary, WorldTrackers
-from .tether import Tether
-from .view import LiveView, world_rows
+from multiworld_operator.spec import MultiWorld
+from multiworld_operator.world_secrets import WorldSecrets, new_key
 
 log = logging.getLogger(__name__)
 

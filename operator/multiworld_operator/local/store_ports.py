@@ -6,7 +6,7 @@ import itertools
 import random
 import socket
 
-from ..spec.limits import PORT_BASE, PORT_SPAN
+from multiworld_operator.spec.limits import PORT_BASE, PORT_SPAN
 
 
 def free_store_ports(count: int) -> list[int]:

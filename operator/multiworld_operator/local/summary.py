@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 from pydantic import BaseModel, Field
 
-from ..planner import MultiWorldStatus
-from ..spec import MultiWorld
+from multiworld_operator.planner import MultiWorldStatus
+from multiworld_operator.spec import MultiWorld
 
 # A kill counts as the start of the failure it causes if the world fails within this long.
 FAULT_ATTRIBUTION_S = 10.0

@@ -1,6 +1,6 @@
 """No member process outlives its `multiworld run`, whatever the runner dies of.
 
-Ctrl-C, SIGTERM and SIGHUP stop the members cleanly (run_command.py). A runner killed by
+Ctrl-C, SIGTERM and SIGHUP stop the members cleanly (commands/run.py). A runner killed by
 SIGKILL, or crashing, cannot: its members, each the leader of its own session, would go on
 under init. So each run starts one small watchdog process that holds the read end of a pipe
 from the runner and the process groups of the run's members as the runner tells it

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..planner import MultiWorldStatus
-from ..spec import MultiWorld
-from ..text_columns import aligned
+from multiworld_operator.planner import MultiWorldStatus
+from multiworld_operator.spec import MultiWorld
+from multiworld_operator.text_columns import aligned
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ Public API (stable; both platforms call it the same way):
   template. `DeletePod` of a pod that is gone, or `CreatePod` of one that exists, is a no-op.
 """
 
-from .decide import plan
-from .model import (
+from multiworld_operator.planner.decide import plan
+from multiworld_operator.planner.model import (
     Action,
     AssignSpare,
     CreatePod,
@@ -48,7 +48,7 @@ from .model import (
     PodPhase,
     PublishTable,
 )
-from .status import (
+from multiworld_operator.planner.status import (
     Condition,
     Failure,
     MultiWorldStatus,

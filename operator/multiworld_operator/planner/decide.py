@@ -32,20 +32,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from multiworld.contract import Backend
-
-from ..spec import MultiWorld
-from .model import Action, Endpoint, Observation, Plan, PublishTable
-from .outcome import next_status, requeue_after
-from .pods import reconcile_pods
-from .readiness import count_ready, finish_worlds
-from .recovery import recover
-from .rollout import roll_out, rollout_surge
-from .spares import assign_spares, keep_spares
-from .spec_edits import apply_spec
-from .status import MultiWorldStatus
-from .step import Step
-from .suspend import suspend_or_resume
-from .table import build_table
+from multiworld_operator.planner.model import Action, Endpoint, Observation, Plan, PublishTable
+from multiworld_operator.planner.outcome import next_status, requeue_after
+from multiworld_operator.planner.pods import reconcile_pods
+from multiworld_operator.planner.readiness import count_ready, finish_worlds
+from multiworld_operator.planner.recovery import recover
+from multiworld_operator.planner.rollout import roll_out, rollout_surge
+from multiworld_operator.planner.spares import assign_spares, keep_spares
+from multiworld_operator.planner.spec_edits import apply_spec
+from multiworld_operator.planner.status import MultiWorldStatus
+from multiworld_operator.planner.step import Step
+from multiworld_operator.planner.suspend import suspend_or_resume
+from multiworld_operator.planner.table import build_table
+from multiworld_operator.spec import MultiWorld
 
 
 def plan(

@@ -9,8 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from multiworld.contract import BrokenWorldReport, WorkerEnv, WorldAssignment, WorldTable
-
-from .status import MultiWorldStatus
+from multiworld_operator.planner.status import MultiWorldStatus
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Missing"]
 EventType = Literal["Normal", "Warning"]

@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from multiworld.contract import WorldTable
-
-from .recovery import join_deadline, silent
-from .rollout import refilling, updated_counts
-from .spares import spare_counts
-from .status import Condition, ConditionStatus, MultiWorldStatus, Phase
-from .step import Step
+from multiworld_operator.planner.recovery import join_deadline, silent
+from multiworld_operator.planner.rollout import refilling, updated_counts
+from multiworld_operator.planner.spares import spare_counts
+from multiworld_operator.planner.status import Condition, ConditionStatus, MultiWorldStatus, Phase
+from multiworld_operator.planner.step import Step
 
 
 def next_status(step: Step, table: WorldTable) -> MultiWorldStatus:

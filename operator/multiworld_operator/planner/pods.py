@@ -7,10 +7,9 @@
 from __future__ import annotations
 
 from multiworld.contract import WorldTable
-
-from .model import CreatePod, DeletePod, PodObservation
-from .status import PodRecord
-from .step import Step
+from multiworld_operator.planner.model import CreatePod, DeletePod, PodObservation
+from multiworld_operator.planner.status import PodRecord
+from multiworld_operator.planner.step import Step
 
 
 def reconcile_pods(step: Step, table: WorldTable) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from .status import WorldStatus, clipped
-from .step import Step
+from multiworld_operator.planner.status import WorldStatus, clipped
+from multiworld_operator.planner.step import Step
 
 
 def finish_worlds(step: Step) -> None:

@@ -36,11 +36,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from multiworld.contract import JOIN_FAILED, BrokenWorldReport
-
-from .model import PodObservation
-from .rollout import halt_if_new_template_failed
-from .status import Failure, PodRecord, WorldStatus
-from .step import Step
+from multiworld_operator.planner.model import PodObservation
+from multiworld_operator.planner.rollout import halt_if_new_template_failed
+from multiworld_operator.planner.status import Failure, PodRecord, WorldStatus
+from multiworld_operator.planner.step import Step
 
 
 def recover(step: Step) -> None:

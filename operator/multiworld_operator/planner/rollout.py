@@ -14,10 +14,10 @@
 
 from __future__ import annotations
 
-from .model import PodObservation
-from .spares import Surge, short_of_spares, spare_counts
-from .status import PodRecord, RolloutHalt
-from .step import Step
+from multiworld_operator.planner.model import PodObservation
+from multiworld_operator.planner.spares import Surge, short_of_spares, spare_counts
+from multiworld_operator.planner.status import PodRecord, RolloutHalt
+from multiworld_operator.planner.step import Step
 
 
 def roll_out(step: Step) -> None:

@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from ..spec import spare_name
-from .model import AssignSpare, CreatePod, DeletePod
-from .status import UP_PHASES, PodRecord, SpareRecord
-from .step import Step
+from multiworld_operator.planner.model import AssignSpare, CreatePod, DeletePod
+from multiworld_operator.planner.status import UP_PHASES, PodRecord, SpareRecord
+from multiworld_operator.planner.step import Step
+from multiworld_operator.spec import spare_name
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from .status import WorldStatus
-from .step import Step
+from multiworld_operator.planner.status import WorldStatus
+from multiworld_operator.planner.step import Step
 
 
 def apply_spec(step: Step) -> None:

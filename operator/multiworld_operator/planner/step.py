@@ -15,10 +15,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from multiworld.contract import Backend, BrokenWorldReport
-
-from ..spec import MultiWorld
-from .model import AssignSpare, CreatePod, DeletePod, EmitEvent, Endpoint, EventType, Observation, PodObservation
-from .status import MultiWorldStatus, PodRecord, RolloutHalt, SpareRecord, WorldStatus, played_by
+from multiworld_operator.planner.model import (
+    AssignSpare,
+    CreatePod,
+    DeletePod,
+    EmitEvent,
+    Endpoint,
+    EventType,
+    Observation,
+    PodObservation,
+)
+from multiworld_operator.planner.status import (
+    MultiWorldStatus,
+    PodRecord,
+    RolloutHalt,
+    SpareRecord,
+    WorldStatus,
+    played_by,
+)
+from multiworld_operator.spec import MultiWorld
 
 
 @dataclass(eq=False)

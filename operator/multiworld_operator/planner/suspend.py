@@ -7,8 +7,8 @@
 
 from __future__ import annotations
 
-from .status import UP_PHASES
-from .step import Step
+from multiworld_operator.planner.status import UP_PHASES
+from multiworld_operator.planner.step import Step
 
 
 def suspend_or_resume(step: Step) -> None:

@@ -7,9 +7,8 @@ the epoch of that world each pod's instance was made for. The revision grows wit
 from __future__ import annotations
 
 from multiworld.contract import WorldEntry, WorldTable
-
-from .status import UP_PHASES
-from .step import Step
+from multiworld_operator.planner.status import UP_PHASES
+from multiworld_operator.planner.step import Step
 
 
 def build_table(step: Step) -> WorldTable:

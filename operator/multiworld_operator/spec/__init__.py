@@ -25,10 +25,19 @@ Constants are imported from the module that says what they follow from
 
 from __future__ import annotations
 
-from .durations import parse_duration
-from .loading import SpecError, load_manifest, parse_manifest
-from .models import Backoff, FailurePolicy, Member, Metadata, MultiWorld, MultiWorldSpec, UpdateStrategy, World
-from .names import pod_name, spare_name
+from multiworld_operator.spec.durations import parse_duration
+from multiworld_operator.spec.loading import SpecError, load_manifest, parse_manifest
+from multiworld_operator.spec.models import (
+    Backoff,
+    FailurePolicy,
+    Member,
+    Metadata,
+    MultiWorld,
+    MultiWorldSpec,
+    UpdateStrategy,
+    World,
+)
+from multiworld_operator.spec.names import pod_name, spare_name
 
 __all__ = [
     "Backoff",

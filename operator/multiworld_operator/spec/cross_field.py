@@ -15,8 +15,15 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .limits import MAX_PODS, MAX_RANKS, MAX_SPEC_BYTES, MAX_WORLDS_PER_POD, PORT_BASE, PORT_SPAN
-from .names import MAX_LABEL, SPARE_SERIAL_ROOM, is_label, pod_name
+from multiworld_operator.spec.limits import (
+    MAX_PODS,
+    MAX_RANKS,
+    MAX_SPEC_BYTES,
+    MAX_WORLDS_PER_POD,
+    PORT_BASE,
+    PORT_SPAN,
+)
+from multiworld_operator.spec.names import MAX_LABEL, SPARE_SERIAL_ROOM, is_label, pod_name
 
 
 def cross_field_problems(data: Mapping[str, Any]) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .limits import MAX_DURATION, MAX_DURATION_LENGTH
+from multiworld_operator.spec.limits import MAX_DURATION, MAX_DURATION_LENGTH
 
 DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

@@ -45,7 +45,7 @@ MAX_SPEC_BYTES = 256 * 1024
 MAX_PROBLEMS = 32
 MAX_PROBLEM_LENGTH = 320
 
-# The worlds' store ports (kube/ports.py, local/store_ports.py): below the kernel's ephemeral
+# The worlds' store ports (kube/objects/ports.py, local/store_ports.py): below the kernel's ephemeral
 # ports (Linux: 32768+), so no socket gets one unasked (an outgoing connection, a listener on
 # port 0) while rank 0 does not serve it. A template may not declare one: the NetworkPolicy
 # opens declared ports to everyone, and these must stay open to the MultiWorld's own pods only.

@@ -12,9 +12,9 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from .cross_field import cross_field_problems
-from .limits import MAX_PROBLEM_LENGTH, MAX_PROBLEMS
-from .models import CROSS_FIELD_ERROR, MultiWorld
+from multiworld_operator.spec.cross_field import cross_field_problems
+from multiworld_operator.spec.limits import MAX_PROBLEM_LENGTH, MAX_PROBLEMS
+from multiworld_operator.spec.models import CROSS_FIELD_ERROR, MultiWorld
 
 
 class SpecError(ValueError):

@@ -33,10 +33,9 @@ from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 
 from multiworld.contract import Backend
-
-from .cross_field import cross_field_problems, get
-from .durations import DURATION, check_duration, parse_duration
-from .limits import (
+from multiworld_operator.spec.cross_field import cross_field_problems, get
+from multiworld_operator.spec.durations import DURATION, check_duration, parse_duration
+from multiworld_operator.spec.limits import (
     MAX_DURATION_LENGTH,
     MAX_FACTOR,
     MAX_MEMBERS,
@@ -48,7 +47,7 @@ from .limits import (
     MAX_WORLDS,
     MAX_WORLDS_PER_POD,
 )
-from .names import DNS1035_LABEL, DNS1123_LABEL, MAX_LABEL, check_label, pod_name
+from multiworld_operator.spec.names import DNS1035_LABEL, DNS1123_LABEL, MAX_LABEL, check_label, pod_name
 
 BackendChoice = Literal["auto", "nccl", "gloo"]
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -6,6 +6,7 @@ import logging
 
 from multiworld.channels.base import TableCallback
 from multiworld.contract import BrokenWorldReport, WorkerStatus
+from multiworld.log_context import WorldLog
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +16,7 @@ class NoneChannel:
         return None
 
     def report(self, report: BrokenWorldReport) -> None:
-        log.info("world %s epoch %d broken: %s", report.world, report.epoch, report.reason)
+        WorldLog(log, report.world, report.epoch).info("broken: %s", report.reason)
 
     def status(self, status: WorkerStatus) -> None:
         log.debug("status: joined %s, errors %s", status.joined, status.errors)

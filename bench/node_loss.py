@@ -1,0 +1,280 @@
+"""Node loss on real nodes: a node powered off or cut off the network, until every world with a
+rank there runs again, with a new pod or a warm spare on the other node; beside it, what
+Kubernetes' own path would cost on the same cluster.
+
+Runs against a cluster of two nodes or more: its own, started in a temp dir (tests/cluster, our
+images, the chart), or a running one given with --cluster (`make cluster NODES=2`'s .cluster).
+The operator runs on the first node; the second is the one lost.
+
+Each trial applies examples/all_gather (the leader in world1 and world2, two pods of each world
+besides) as a MultiWorld of its own, with its leader asked onto the lost node and every other pod
+onto the kept one (a preferred node affinity, which the operator's own preference for another
+node than a silent pod's outweighs, so the replacement may go elsewhere). With a warm spare, the
+lost node is cordoned while the leader's spare is added (`spares: 1`, kubectl apply), so the
+spare waits on the kept node, and uncordoned before the fault. Then the fault (tests/cluster's
+`power-off` or `partition`), the watch until both worlds run at a new epoch with no rank on the
+lost node, the node healed, and the MultiWorld deleted.
+
+Clocks (wall time; the nodes, the workers and this process share the machine's clock):
+- recovery_s: from just before the fault until the later of the two worlds' `formedAt` at its
+  new epoch (the moment its last rank joined, by that worker's clock, as the status shows it).
+- kubernetes_path_s: in the first power-off trial, after the worlds are back, the wait goes on
+  until the Node's Ready condition leaves True (the node lifecycle controller's grace period):
+  not_ready_s from the fault; eviction_s = not_ready_s + the lost pod's toleration of
+  `node.kubernetes.io/unreachable` (tolerationSeconds, 300 s by the API server's default),
+  when its pods would be evicted and a controller that waits for that (LeaderWorkerSet, JobSet,
+  a StatefulSet) would begin to replace them. Computed from the same cluster's settings: the
+  eviction is not waited for.
+
+JSON (--json, the last line): scenarios: {"<fault>/<mode>": {"recovery_s": {min, median, max},
+"trials": [seconds, ...], "by_spare": [whether a warm spare holds the leader's ranks after
+each trial, ...]}} for fault in power-off, partition and mode in new_pod, warm_spare;
+kubernetes_path_s: {not_ready_s, eviction_s, toleration_s}.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from tests.cluster import cluster as cluster_module, images
+from tests.cluster.cluster import Cluster
+from tests.support import bench_common as common, node_support as support
+from tests.support.node_loss import Timeline, formed_at, placed_by_preference, watch_recovery
+from tests.support.operator_support import KubeNamespace, wait_for
+
+FAULTS = ("power-off", "partition")
+MODES = ("new_pod", "warm_spare")
+# --quick: each fault and each mode once.
+QUICK = (("power-off", "warm_spare"), ("partition", "new_pod"))
+WAIT_S = 300.0
+RECOVERY_LIMIT_S = 420.0
+UNREACHABLE = "node.kubernetes.io/unreachable"
+SPARE_LABEL = "multiworld.io/spare"
+# The DefaultTolerationSeconds admission plugin's default, when a pod shows none.
+DEFAULT_TOLERATION_S = 300.0
+# The targets of issue 34: a world back with a warm spare, and with a new pod.
+SPARE_TARGET_S = 1.0
+NEW_POD_TARGET_S = 5.0
+
+
+@dataclass(frozen=True)
+class Trial:
+    seconds: float
+    by_spare: bool  # whether a warm spare holds the lost leader's ranks now (else a new pod)
+
+
+@dataclass(frozen=True)
+class KubernetesPath:
+    not_ready_s: float
+    toleration_s: float
+
+    @property
+    def eviction_s(self) -> float:
+        return self.not_ready_s + self.toleration_s
+
+
+def parse_args(argv: list[str] | None) -> Any:
+    p = common.parser(__doc__.splitlines()[0])
+    p.setting("--trials", int, 5, 1, "trials per fault and mode")
+    p.add_argument("--cluster", type=Path, help="a running cluster's folder (two nodes or more) instead of a new one")
+    args = p.parse_args(argv)
+    args.scenarios = QUICK if args.quick else tuple((f, m) for f in FAULTS for m in MODES)
+    return args
+
+
+@contextmanager
+def two_nodes(given: Path | None) -> Iterator[Cluster]:
+    if given is not None:
+        cluster = Cluster(given)
+        if len(cluster.nodes) < 2 or "kubelet" not in cluster.running_components():
+            raise SystemExit(f"--cluster {given}: node loss needs two running nodes (`make cluster NODES=2`)")
+        for node in cluster.nodes:
+            images.load_images(str(node.socket))
+        yield cluster
+        return
+    with tempfile.TemporaryDirectory(prefix="mw-bench-node-loss-") as folder:
+        cluster = Cluster(Path(folder))
+        cluster.start(cluster_module.find_binaries(), detach=False, nodes=2)
+        try:
+            for node in cluster.nodes:
+                images.load_images(str(node.socket))
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+def _running(kube: KubeNamespace, name: str) -> dict[str, Any] | None:
+    status = kube.status(name)
+    worlds = status.get("worlds") or {}
+    up = status.get("phase") == "Running" and worlds and all(formed_at(w) for w in worlds.values())
+    return status if up else None
+
+
+def _add_spare(cluster: Cluster, operator: support.Operator, kube: KubeNamespace, path: Path, name: str) -> None:
+    """One warm spare of the leader, started while the lost node is cordoned: it waits on the kept one."""
+    lost = cluster.nodes[1].name
+    manifest = yaml.safe_load(path.read_text())
+    for member in manifest["spec"]["members"]:
+        if member["name"] == "leader":
+            member["spares"] = 1
+    path.write_text(yaml.safe_dump(manifest))
+    support.kubectl(cluster, "cordon", lost)
+    try:
+        support.kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
+        wait_for(
+            "the leader's warm spare ready",
+            lambda: (kube.status(name).get("spares") or {}).get("leader") == "1/1",
+            WAIT_S,
+        )
+    finally:
+        support.kubectl(cluster, "uncordon", lost)
+
+
+def _not_ready_after(core: client.CoreV1Api, node: str, fault: float) -> float:
+    """Seconds from the fault until the Node's Ready condition left True."""
+
+    def changed() -> float | None:
+        conditions = core.read_node(node).status.conditions or []
+        ready = next(c for c in conditions if c.type == "Ready")
+        return None if ready.status == "True" else ready.last_transition_time.timestamp() - fault
+
+    return wait_for(f"node {node} NotReady", changed, WAIT_S)
+
+
+def _toleration(pod: client.V1Pod) -> float:
+    for toleration in pod.spec.tolerations or []:
+        if toleration.key == UNREACHABLE and toleration.toleration_seconds is not None:
+            return float(toleration.toleration_seconds)
+    return DEFAULT_TOLERATION_S
+
+
+def trial(
+    cluster: Cluster,
+    operator: support.Operator,
+    kube: KubeNamespace,
+    scratch: Path,
+    fault: str,
+    mode: str,
+    index: int,
+    measure_kubernetes: bool,
+) -> tuple[Trial, KubernetesPath | None]:
+    """One fault of the second node; returns the seconds until both worlds are back (and, when
+    asked, what Kubernetes' own path would take)."""
+    lost, kept = cluster.nodes[1].name, cluster.nodes[0].name
+    name = f"loss-{fault}-{mode.replace('_', '-')}-{index}"
+    path = support.example_manifest("all_gather", name, scratch)
+    placed_by_preference(path, {"leader"}, lost, kept)
+    path_k8s = None
+    with support.applied(cluster, operator, kube, path, name):
+        status = wait_for(f"{name} Running", lambda: _running(kube, name), WAIT_S)
+        if mode == "warm_spare":
+            _add_spare(cluster, operator, kube, path, name)
+        pods = kube.pods(name)
+        placed = {p: pod.spec.node_name for p, pod in pods.items()}
+        leader = f"{name}-leader-0"
+        wrong = {p: n for p, n in placed.items() if (n == lost) != (p == leader)}
+        if wrong:
+            raise SystemExit(f"{name}: the scheduler placed pods otherwise than asked: {placed}")
+        epochs = {w: s["epoch"] for w, s in status["worlds"].items()}
+        leader_rank = {w: entry["pods"].index(leader) for w, entry in kube.table(name).items()}
+        timeline = Timeline(time.time())
+        try:
+            if fault == "power-off":
+                cluster.power_off(lost)
+            else:
+                cluster.partition(lost)
+            back = watch_recovery(kube, name, lost, set(epochs), epochs, timeline, RECOVERY_LIMIT_S)
+            if measure_kubernetes:
+                not_ready = _not_ready_after(kube.core, lost, timeline.fault)
+                path_k8s = KubernetesPath(not_ready, _toleration(pods[leader]))
+            table, after = kube.table(name), kube.pods(name)
+        finally:
+            cluster.heal(lost)
+    holders = {after[table[w]["pods"][rank]] for w, rank in leader_rank.items()}
+    by_spare = all((pod.metadata.labels or {}).get(SPARE_LABEL) == "true" for pod in holders)
+    seconds = max(back.values())
+    how = "a warm spare" if by_spare else "a new pod"
+    print(f"{fault}, {mode}, trial {index}: both worlds back in {seconds:.2f} s, the leader's ranks held by {how}")
+    return Trial(seconds, by_spare), path_k8s
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_at_start = common.machine_load()
+    trials: dict[tuple[str, str], list[Trial]] = {s: [] for s in args.scenarios}
+    path_k8s: KubernetesPath | None = None
+    with (
+        two_nodes(args.cluster) as cluster,
+        tempfile.TemporaryDirectory(prefix="mw-bench-") as scratch,
+        cluster.api_client() as api,
+    ):
+        operator = support.install_operator(cluster, node=cluster.nodes[0].name)
+        kube = KubeNamespace(api, operator.apps)
+        # Scenarios interleaved, so that a slow minute of the machine does not land on one alone.
+        for index in range(args.trials):
+            for fault, mode in args.scenarios:
+                measure = fault == "power-off" and path_k8s is None
+                done, measured = trial(cluster, operator, kube, Path(scratch), fault, mode, index, measure)
+                trials[(fault, mode)].append(done)
+                path_k8s = measured or path_k8s
+    spreads = {key: common.Spread.of(t.seconds for t in done) for key, done in trials.items()}
+    rows = [
+        [
+            f"{fault}, {mode.replace('_', ' ')} (n={len(trials[(fault, mode)])})",
+            common.fmt_s(s.min),
+            common.fmt_s(s.median),
+            common.fmt_s(s.max),
+        ]
+        for (fault, mode), s in spreads.items()
+    ]
+    body = [common.table(["scenario: fault to both worlds back", "min", "median", "max"], rows)]
+    if path_k8s is not None:
+        body.append(
+            f"Kubernetes' own path on this cluster: the Node NotReady {path_k8s.not_ready_s:.1f} s after the "
+            f"power-off; its pods evicted {path_k8s.toleration_s:.0f} s later (their toleration of {UNREACHABLE}), "
+            f"at {path_k8s.eviction_s:.0f} s: only then would a controller that waits for the eviction replace them"
+        )
+    targets = [
+        common.Target(
+            f"{fault}, {mode.replace('_', ' ')}: median recovery",
+            s.median,
+            SPARE_TARGET_S if mode == "warm_spare" else NEW_POD_TARGET_S,
+            " s",
+        )
+        for (fault, mode), s in spreads.items()
+    ]
+    common.report("node loss on real nodes", load_at_start, body, targets)
+    if args.json:
+        common.json_line(
+            {
+                "scenarios": {
+                    f"{fault}/{mode}": {
+                        "recovery_s": spreads[(fault, mode)].as_dict(),
+                        "trials": [t.seconds for t in done],
+                        "by_spare": [t.by_spare for t in done],
+                    }
+                    for (fault, mode), done in trials.items()
+                },
+                "kubernetes_path_s": None
+                if path_k8s is None
+                else {
+                    "not_ready_s": path_k8s.not_ready_s,
+                    "eviction_s": path_k8s.eviction_s,
+                    "toleration_s": path_k8s.toleration_s,
+                },
+            }
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

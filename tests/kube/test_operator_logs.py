@@ -1,0 +1,32 @@
+"""The operator's log follows one failure by its keys (issue 35 item 7): on a real API server, a
+failed pod's world is broken, its pod replaced and the world restarted; every line of that
+MultiWorld's loop carries `multiworld`, and its Events' lines the world."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from multiworld_operator.log_context import ContextFilter
+from tests.support.operator_support import Scene, two_worlds
+
+pytestmark = pytest.mark.kube
+
+
+def test_a_failure_is_logged_under_its_multiworld_and_world(scene: Scene, caplog: pytest.LogCaptureFixture) -> None:
+    kube = scene.kube
+    caplog.handler.addFilter(ContextFilter())
+    with caplog.at_level(logging.INFO, logger="multiworld_operator"):
+        kube.create(two_worlds())
+        kube.wait_running(epochs={"wa": 1, "wb": 1})
+        scene.kubelet.fail("mw-a-0")
+        kube.wait_running(epochs={"wa": 2, "wb": 1})
+    ours = [r for r in caplog.records if r.name.startswith("multiworld_operator.kube")]
+    bound = {getattr(r, "multiworld", None) for r in ours}
+    assert bound == {f"{kube.namespace}/mw"}, [(r.getMessage(), getattr(r, "multiworld", None)) for r in ours]
+    deletes = [r.getMessage() for r in ours if r.getMessage().startswith("deleting pod mw-a-0")]
+    assert deletes, [r.getMessage() for r in ours]
+    about_wa = {r.getMessage().split(":")[0] for r in ours if getattr(r, "world", None) == "wa"}
+    assert {"Warning WorldFailed", "Normal WorldRecovered"} <= about_wa, about_wa
+    assert not [r.getMessage() for r in ours if getattr(r, "world", None) == "wb" and "WorldFailed" in r.getMessage()]
