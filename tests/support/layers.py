@@ -26,6 +26,7 @@ LIGHT = (
     "shutdown",
     "world.work",
     "metrics",
+    "metrics_server",
     "log_context",
 )
 

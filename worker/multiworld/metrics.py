@@ -4,7 +4,8 @@ Unset, they cost nothing: prometheus_client is never imported, `recorder` gives 
 keeps it, so an op pays one None check) and the other hooks return after one check. The first
 WorldManager given a port calls `serve`, which makes the metrics in a registry of this module's
 own and serves them in Prometheus' text format on every address, from a daemon thread, for the
-rest of the process. Importing this module starts nothing.
+rest of the process, with bounds on what a connection may cost (metrics_server.py, loaded only
+then). Importing this module starts nothing.
 
 - `multiworld_worker_ops_total{world,op}`: ops issued through a world's API (ops.py; `op` is
   the method's name);
@@ -38,7 +39,9 @@ class _Metrics:
     """The metrics of this process, in a registry of their own, served on `port`."""
 
     def __init__(self, port: int) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+        from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+        from multiworld import metrics_server
 
         self.port = port
         registry = CollectorRegistry()
@@ -62,7 +65,7 @@ class _Metrics:
             "world",
         )
         try:
-            start_http_server(port, registry=registry)
+            metrics_server.start(lambda: generate_latest(registry), port)
         except OSError as exc:
             raise OSError(
                 exc.errno, f"cannot serve the worker's metrics on port {port} ({ENV_METRICS_PORT}): {exc.strerror}"

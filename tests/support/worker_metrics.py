@@ -1,0 +1,78 @@
+"""The worker's metrics endpoint seen from outside (tests/worker/test_worker_metrics_bounds.py):
+a process that serves it, and HTTP spoken over raw sockets.
+
+`python -m tests.support.worker_metrics PORT` (from the repository root) serves the worker's
+metrics on PORT as a WorldManager given that port does (`multiworld.metrics.serve`), counts a
+join of world `w` every millisecond so that no two renders of its exposition are alike, says
+{"event": "serving"} and ends when its stdin closes. No torch: it starts in a moment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from multiworld import metrics
+
+JOIN_EVERY_S = 0.001
+
+
+def main() -> None:
+    metrics.serve(int(sys.argv[1]))
+    threading.Thread(target=_join_forever, name="joins", daemon=True).start()
+    print(json.dumps({"event": "serving"}), flush=True)
+    sys.stdin.read()
+
+
+def _join_forever() -> None:
+    while True:
+        metrics.world_joined("w")
+        time.sleep(JOIN_EVERY_S)
+
+
+def threads(pid: int) -> int:
+    """The threads process `pid` has now."""
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def connect(port: int, timeout: float = 10.0) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout)
+
+
+def request(port: int, head: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers (names in lower case) and body that `head`, sent as is on a
+    connection of its own, is answered, read until the server closes."""
+    with connect(port, timeout) as sock:
+        sock.sendall(head)
+        chunks = []
+        while chunk := sock.recv(1 << 16):
+            chunks.append(chunk)
+    answer_head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    if not answer_head:
+        raise ConnectionResetError("closed without an answer")
+    status, *header_lines = answer_head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (h.partition(":") for h in header_lines)}
+    return int(status.split()[1]), headers, body
+
+
+def get(port: int, path: str = "/metrics", headers: str = "") -> tuple[int, dict[str, str], bytes]:
+    return request(port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n".encode())
+
+
+def closed_within(sock: socket.socket, timeout: float) -> bool:
+    """Whether the server closes `sock` (a reset counts) within `timeout`, having sent nothing."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
