@@ -10,6 +10,7 @@ import json
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import Executor
+from contextvars import copy_context
 from typing import Any, TypeVar, cast
 
 import urllib3
@@ -103,7 +104,8 @@ class KubeApi:
     async def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         call = functools.partial(method, *args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
         try:
-            response = await asyncio.get_running_loop().run_in_executor(self.executor, call)
+            # In this context (the MultiWorld a loop is bound to), as asyncio.to_thread would.
+            response = await asyncio.get_running_loop().run_in_executor(self.executor, copy_context().run, call)
         except ApiException as error:
             self.on_error(method.__name__, str(error.status))
             raise
