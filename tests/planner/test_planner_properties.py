@@ -169,6 +169,13 @@ def check_step(sim: Sim, before: MultiWorldStatus, result: Plan, hit: set[str], 
     # Epochs only grow.
     for name, world in before.worlds.items():
         assert after.worlds[name].epoch >= world.epoch, name
+    # A published epoch keeps its store's address: its members wait there (a worker ignores a
+    # changed entry at the same epoch).
+    published = {entry.name: entry for entry in before.table.worlds}
+    for entry in result.table.worlds:
+        old = published.get(entry.name)
+        if old is not None and old.epoch == entry.epoch:
+            assert (entry.host, entry.port) == (old.host, old.port), (entry.name, entry.epoch)
     # No healthy world changes epoch, leaves the table, or loses a pod of its own.
     deleted = {d.pod for d in result.deletes}
     for name in healthy_worlds(sim, before, hit, reported):

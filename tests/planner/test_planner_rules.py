@@ -732,6 +732,39 @@ def with_spares(w1_spares: int = 2, template: dict[str, Any] | None = None) -> S
     return sim
 
 
+def test_a_spare_that_takes_a_published_epochs_store_host_moves_that_world_on() -> None:
+    """The shared leader (with a warm spare) cut off: world2's peer names it first and world2
+    moves to epoch 2 keeping it (world1 still runs), a table published with the leader as its
+    store's host; world1's peer names it a step later and the spare plays it. world2's published
+    epoch 2 cannot change its host (its members would wait at the old one, and a worker ignores
+    such a change): world2 moves to epoch 3, no second restart counted, no backoff."""
+    sim = Sim(
+        make(
+            [{"name": "leader", "spares": 1}, {"name": "w1", "replicas": 2}, {"name": "w2"}],
+            [{"name": "world1", "ranks": ["leader", "w1"]}, {"name": "world2", "ranks": ["leader", "w2"]}],
+        )
+    )
+    sim.settle()
+    sim.start_all()
+    sim.step()
+    sim.frozen.add(LEADER)
+    sim.report("world2", epoch=1, pod=W2_0, peer_rank=0)
+    published = {w.name: w for w in sim.step().table.worlds}["world2"]
+    assert (published.epoch, published.host) == (2, endpoint("world2", LEADER)[0])
+    sim.report("world1", epoch=1, pod=W1_0, peer_rank=0)
+    result = sim.step()
+    assert {(a.pod, a.plays) for a in result.assigns} == {("mw-leader-spare-a", LEADER)}
+    entries = {w.name: w for w in result.table.worlds}
+    assert (entries["world1"].epoch, entries["world2"].epoch) == (2, 3)
+    for entry in entries.values():
+        assert entry.host == endpoint(entry.name, "mw-leader-spare-a")[0] and entry.pods[0] == "mw-leader-spare-a"
+    assert result.status.worlds["world2"].restarts == 1 and result.status.worlds["world2"].restart_at is None
+    assert ("WorldRestarting", "world2") in [(e.reason, e.world) for e in result.events]
+    sim.start_all()
+    sim.settle()
+    assert sim.world_phase("world1") == sim.world_phase("world2") == "Running"
+
+
 def test_spares_wait_until_the_members_run_then_fill_the_pool() -> None:
     sim = Sim(with_spares().mw)
     assert not [c for c in sim.step().creates if c.spare], "spares compete with the first start"

@@ -4,11 +4,12 @@
   instance is played by the oldest ready spare of its member made from its current template
   (Running, its worker waiting), instead of a new pod of its name; with none ready, a new pod is
   created as without spares. A spare plays one member pod for the rest of its life, keeps its
-  own name, and takes that pod's ranks in the table. The pool refills once every member pod of a
-  world that is up has joined it (spares would compete with them for the machine); spares of an
-  older template, or beyond the count, are deleted. While a rollout runs, at most
-  `updateStrategy.maxSurge` spares start at once, those of members with old pods first
-  (rollout.py says when a rollout runs).
+  own name, and takes that pod's ranks in the table. A world whose store the pod hosted (its
+  rank 0) at an epoch the table already published moves to the next epoch, with no restart
+  counted. The pool refills once every member pod of a world that is up has joined it (spares
+  would compete with them for the machine); spares of an older template, or beyond the count,
+  are deleted. While a rollout runs, at most `updateStrategy.maxSurge` spares start at once,
+  those of members with old pods first (rollout.py says when a rollout runs).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def assign_spares(step: Step) -> None:
         if not ready:
             continue
         spare = ready[0][1]
+        _move_stores_hosted_by(step, pod, spare)
         step.records[pod] = PodRecord(
             created_for={w: step.worlds[w].epoch for w in worlds},
             observed=True,
@@ -74,6 +76,27 @@ def assign_spares(step: Step) -> None:
         )
         step.assigns.append(AssignSpare(pod=spare, plays=pod, member=member, ordinal=ordinal))
         step.event("Normal", "SpareAssigned", None, f"warm spare {spare} plays {pod} (worlds {', '.join(worlds)})")
+
+
+def _move_stores_hosted_by(step: Step, pod: str, spare: str) -> None:
+    """A world whose store `pod` hosts (its rank 0) at an epoch the table already published
+    moves to the next epoch: the spare serves the store under its own name, and a published
+    epoch's entry never changes (its members would wait at the old host: a worker ignores such a
+    change). The epoch had not formed (the pod's instance took no part in it, or the world would
+    have failed with it), so this is no failure: no restart counted, no backoff."""
+    published = {entry.name: entry.epoch for entry in step.previous.table.worlds}
+    for world in step.pod_worlds[pod]:
+        state = step.worlds[world]
+        if state.phase in UP_PHASES and state.pods[0] == pod and published.get(world) == state.epoch:
+            state.epoch += 1
+            if state.restart_at is None:
+                state.epoch_started = step.now
+            step.event(
+                "Normal",
+                "WorldRestarting",
+                world,
+                f"world {world} moves to epoch {state.epoch}: warm spare {spare} serves its store in place of {pod}",
+            )
 
 
 def short_of_spares(step: Step) -> dict[str, tuple[int, int]]:
