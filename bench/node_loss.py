@@ -166,6 +166,7 @@ def trial(
     mode: str,
     index: int,
     measure_kubernetes: bool,
+    detach: bool,
 ) -> tuple[Trial, KubernetesPath | None]:
     """One fault of the second node; returns the seconds until both worlds are back (and, when
     asked, what Kubernetes' own path would take)."""
@@ -198,8 +199,10 @@ def trial(
                 path_k8s = KubernetesPath(not_ready, _toleration(pods[leader]))
             table, after = kube.table(name), kube.pods(name)
         finally:
-            cluster.heal(lost)
-    holders = {after[table[w]["pods"][rank]] for w, rank in leader_rank.items()}
+            print(f"{name}, {fault} of {lost}:\n{timeline}", flush=True)
+            # A cluster given with --cluster outlives this process: so must the node's daemons.
+            cluster.heal(lost, detach=detach)
+    holders = [after[table[w]["pods"][rank]] for w, rank in leader_rank.items()]
     by_spare = all((pod.metadata.labels or {}).get(SPARE_LABEL) == "true" for pod in holders)
     seconds = max(back.values())
     how = "a warm spare" if by_spare else "a new pod"
@@ -223,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.trials):
             for fault, mode in args.scenarios:
                 measure = fault == "power-off" and path_k8s is None
-                done, measured = trial(cluster, operator, kube, Path(scratch), fault, mode, index, measure)
+                done, measured = trial(
+                    cluster, operator, kube, Path(scratch), fault, mode, index, measure, args.cluster is not None
+                )
                 trials[(fault, mode)].append(done)
                 path_k8s = measured or path_k8s
     spreads = {key: common.Spread.of(t.seconds for t in done) for key, done in trials.items()}
