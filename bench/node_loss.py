@@ -26,6 +26,9 @@ Clocks (wall time; the nodes, the workers and this process share the machine's c
   a StatefulSet) would begin to replace them. Computed from the same cluster's settings: the
   eviction is not waited for.
 
+--mode keeps one mode; --dead-after sets MULTIWORLD_DEAD_AFTER in the pods (the detection of a
+silent peer, which most of a warm spare's recovery is).
+
 JSON (--json, the last line): scenarios: {"<fault>/<mode>": {"recovery_s": {min, median, max},
 "trials": [seconds, ...], "by_spare": [whether a warm spare holds the leader's ranks after
 each trial, ...]}} for fault in power-off, partition and mode in new_pod, warm_spare;
@@ -86,8 +89,16 @@ def parse_args(argv: list[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
     p.setting("--trials", int, 5, 1, "trials per fault and mode")
     p.add_argument("--cluster", type=Path, help="a running cluster's folder (two nodes or more) instead of a new one")
+    p.add_argument("--mode", choices=MODES, help="only this mode (default: both)")
+    p.add_argument(
+        "--dead-after",
+        type=common.positive(float),
+        help="MULTIWORLD_DEAD_AFTER in the pods' env: how long a silent peer takes to be judged dead "
+        "(default: the library's own)",
+    )
     args = p.parse_args(argv)
-    args.scenarios = QUICK if args.quick else tuple((f, m) for f in FAULTS for m in MODES)
+    scenarios = QUICK if args.quick else tuple((f, m) for f in FAULTS for m in MODES)
+    args.scenarios = tuple((f, m) for f, m in scenarios if args.mode in (None, m))
     return args
 
 
@@ -139,6 +150,17 @@ def _add_spare(cluster: Cluster, operator: support.Operator, kube: KubeNamespace
         support.kubectl(cluster, "uncordon", lost)
 
 
+def _set_env(path: Path, name: str, value: str) -> None:
+    """`name`=`value` in the container env of every member's template in the manifest at `path`."""
+    manifest = yaml.safe_load(path.read_text())
+    for member in manifest["spec"]["members"]:
+        (container,) = member["template"]["spec"]["containers"]
+        container["env"] = [e for e in container.get("env") or [] if e["name"] != name] + [
+            {"name": name, "value": value}
+        ]
+    path.write_text(yaml.safe_dump(manifest))
+
+
 def _not_ready_after(core: client.CoreV1Api, node: str, fault: float) -> float:
     """Seconds from the fault until the Node's Ready condition left True."""
 
@@ -167,6 +189,7 @@ def trial(
     index: int,
     measure_kubernetes: bool,
     detach: bool,
+    dead_after: float | None,
 ) -> tuple[Trial, KubernetesPath | None]:
     """One fault of the second node; returns the seconds until both worlds are back (and, when
     asked, what Kubernetes' own path would take)."""
@@ -174,6 +197,8 @@ def trial(
     name = f"loss-{fault}-{mode.replace('_', '-')}-{index}"
     path = support.example_manifest("all_gather", name, scratch)
     placed_by_preference(path, {"leader"}, lost, kept)
+    if dead_after is not None:
+        _set_env(path, "MULTIWORLD_DEAD_AFTER", str(dead_after))
     path_k8s = None
     with support.applied(cluster, operator, kube, path, name):
         status = wait_for(f"{name} Running", lambda: _running(kube, name), WAIT_S)
@@ -227,7 +252,16 @@ def main(argv: list[str] | None = None) -> int:
             for fault, mode in args.scenarios:
                 measure = fault == "power-off" and path_k8s is None
                 done, measured = trial(
-                    cluster, operator, kube, Path(scratch), fault, mode, index, measure, args.cluster is not None
+                    cluster,
+                    operator,
+                    kube,
+                    Path(scratch),
+                    fault,
+                    mode,
+                    index,
+                    measure,
+                    args.cluster is not None,
+                    args.dead_after,
                 )
                 trials[(fault, mode)].append(done)
                 path_k8s = measured or path_k8s
@@ -257,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         for (fault, mode), s in spreads.items()
     ]
-    common.report("node loss on real nodes", load_at_start, body, targets)
+    setting = f"dead_after {args.dead_after:g} s" if args.dead_after is not None else "the default dead_after"
+    common.report(f"node loss on real nodes ({setting})", load_at_start, body, targets)
     if args.json:
         common.json_line(
             {

@@ -240,12 +240,30 @@ def test_a_lost_node_is_kept_out_of_new_pods_for_a_while() -> None:
         }
     }
     assert "affinity" not in pod_body(bare, multiworld, "operator://o:1")["spec"]
-    rather = pod_body(action, multiworld, "operator://o:1", prefer_off=["node-5"])["spec"]["affinity"]["nodeAffinity"]
+    rather_spec = pod_body(action, multiworld, "operator://o:1", prefer_off=["node-5"])["spec"]
+    rather = rather_spec["affinity"]["nodeAffinity"]
     away = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-5"]}]}
     assert rather["preferredDuringSchedulingIgnoredDuringExecution"] == [
         *preferred,
         {"weight": 100, "preference": away},
     ]
+    # The scheduler's default spread (over the Service's pods) would pull it to the emptied node:
+    # it spreads with its member's pods instead, unless the template says how to spread.
+    assert rather_spec["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"multiworld.io/name": "mw", "multiworld.io/member": action.member}},
+        }
+    ]
+    own = [{"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]
+    spread = CreatePod(**{**bare.model_dump(), "template": {"spec": {"topologySpreadConstraints": own}}})
+    assert (
+        pod_body(spread, multiworld, "operator://o:1", prefer_off=["node-5"])["spec"]["topologySpreadConstraints"]
+        == own
+    )
+    assert "topologySpreadConstraints" not in pod_body(action, multiworld, "operator://o:1")["spec"]
 
 
 def test_a_node_where_an_instance_went_silent_is_rather_avoided() -> None:

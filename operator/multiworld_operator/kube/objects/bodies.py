@@ -92,6 +92,9 @@ def _affinity(spec: dict[str, Any], kind: str) -> dict[str, Any]:
     return of_kind
 
 
+HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+
+
 def _keep_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
     """A required node affinity that rules out `nodes` (by name), added to each of the
     template's node selector terms (they are ORed: each must rule them out) or as the one term."""
@@ -103,12 +106,24 @@ def _keep_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
     required["nodeSelectorTerms"] = [{**term, "matchFields": [*(term.get("matchFields") or []), off]} for term in terms]
 
 
-def _rather_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
-    """A preferred node affinity, as heavy as the API allows, for any node but `nodes`."""
+def _rather_off(spec: dict[str, Any], nodes: Sequence[str], multiworld: str, member: str) -> None:
+    """A preferred node affinity, as heavy as the API allows, for any node but `nodes`. Where the
+    template sets no topology spread, the pod spreads over nodes with its member's pods only: the
+    scheduler's default spread (over the pods of the MultiWorld's Service) would favour the node
+    emptied by the loss, the very node this pod should rather not go to, over the affinity."""
     off = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}]}
     node_affinity = _affinity(spec, "nodeAffinity")
     key = "preferredDuringSchedulingIgnoredDuringExecution"
     node_affinity[key] = [*(node_affinity.get(key) or []), {"weight": 100, "preference": off}]
+    if not spec.get("topologySpreadConstraints"):
+        spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": HOSTNAME_TOPOLOGY,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {NAME_LABEL: multiworld, MEMBER_LABEL: member}},
+            }
+        ]
 
 
 # Where a warm spare rather goes: off the nodes of the pods it stands in for (a node lost takes
@@ -117,7 +132,6 @@ def _rather_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
 # a new pod too, so the order in which member pods and spares are scheduled does not matter.
 SPARE_OFF_MEMBERS_WEIGHT = 100
 SPARE_SPREAD_WEIGHT = 50
-HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
 def _spare_placement(spec: dict[str, Any], multiworld: str, member: str) -> None:
@@ -181,7 +195,7 @@ def pod_body(
     if avoid_nodes:
         _keep_off(spec, avoid_nodes)
     if prefer_off:
-        _rather_off(spec, prefer_off)
+        _rather_off(spec, prefer_off, name, action.member)
     if action.spare:
         _spare_placement(spec, name, action.member)
     return {
