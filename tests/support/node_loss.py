@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -96,13 +97,16 @@ def watch_recovery(
     raise AssertionError(f"not every world hit by the loss of {lost} came back within {limit:.0f} s:\n{timeline}")
 
 
-def placed_by_preference(path: Path, on_lost: set[str], lost: str, kept: str) -> None:
+def placed_by_preference(path: Path, on_lost: set[str], lost: str, kept: str, unplaced: Collection[str] = ()) -> None:
     """Each member of the manifest at `path` prefers node `lost` (those in `on_lost`) or `kept`,
-    less than the operator prefers another node than one where a pod went silent."""
+    less than the operator prefers another node than one where a pod went silent; those in
+    `unplaced` are left to the scheduler."""
     manifest = yaml.safe_load(path.read_text())
     spec = manifest["spec"]
     for member in spec["members"]:
         template = member["template"] = copy.deepcopy(spec["template"])
+        if member["name"] in unplaced:
+            continue
         node = lost if member["name"] in on_lost else kept
         term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
         template["spec"]["affinity"] = {
