@@ -48,7 +48,6 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from tests.cluster import cluster as cluster_module, images
 from tests.cluster.cluster import Cluster
 from tests.support import bench_common as common, node_support as support
 from tests.support.node_loss import Timeline, formed_at, placed_by_preference, watch_recovery
@@ -101,27 +100,6 @@ def parse_args(argv: list[str] | None) -> Any:
     scenarios = QUICK if args.quick else tuple((f, m) for f in FAULTS for m in MODES)
     args.scenarios = tuple((f, m) for f, m in scenarios if args.mode in (None, m))
     return args
-
-
-@contextmanager
-def two_nodes(given: Path | None) -> Iterator[Cluster]:
-    if given is not None:
-        cluster = Cluster(given)
-        if len(cluster.nodes) < 2 or "kubelet" not in cluster.running_components():
-            raise SystemExit(f"--cluster {given}: node loss needs two running nodes (`make cluster NODES=2`)")
-        for node in cluster.nodes:
-            images.load_images(str(node.socket))
-        yield cluster
-        return
-    with tempfile.TemporaryDirectory(prefix="mw-bench-node-loss-") as folder:
-        cluster = Cluster(Path(folder))
-        cluster.start(cluster_module.find_binaries(), detach=False, nodes=2)
-        try:
-            for node in cluster.nodes:
-                images.load_images(str(node.socket))
-            yield cluster
-        finally:
-            cluster.stop()
 
 
 def _running(kube: KubeNamespace, name: str) -> dict[str, Any] | None:
@@ -264,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     trials: dict[tuple[str, str], list[Trial]] = {s: [] for s in args.scenarios}
     path_k8s: KubernetesPath | None = None
     with (
-        two_nodes(args.cluster) as cluster,
+        support.bench_cluster(args.cluster, 2) as cluster,
         tempfile.TemporaryDirectory(prefix="mw-bench-") as scratch,
         cluster.api_client() as api,
     ):

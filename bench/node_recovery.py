@@ -75,7 +75,7 @@ from kubernetes.client.rest import ApiException
 
 from multiworld.contract import WorldEntry
 from multiworld_operator.kube.memory.planner_memory import read_memory
-from tests.cluster import cluster as cluster_module, images
+from tests.cluster import cluster as cluster_module
 from tests.support import bench_common as common, node_support as support
 
 T = TypeVar("T")
@@ -398,27 +398,6 @@ def delete_example(cluster: Any, core: client.CoreV1Api, namespace: str, name: s
     wait_for(f"the pods of {name} gone", lambda: not pods_of(core, namespace, name) or None)
 
 
-@contextmanager
-def node_cluster(given: Path | None) -> Iterator[Any]:
-    if given is not None:
-        cluster = cluster_module.Cluster(given)
-        if "kubelet" not in cluster.running_components():
-            raise SystemExit(f"--cluster {given}: no node runs there (`make cluster` starts one)")
-        for node in cluster.nodes:
-            images.load_images(str(node.socket))
-        yield cluster
-        return
-    with tempfile.TemporaryDirectory(prefix="mw-bench-node-") as folder:
-        cluster = cluster_module.Cluster(Path(folder))
-        cluster.start(cluster_module.find_binaries(), detach=False, nodes=1)
-        try:
-            for node in cluster.nodes:
-                images.load_images(str(node.socket))
-            yield cluster
-        finally:
-            cluster.stop()
-
-
 def figure(recoveries: list[Recovery]) -> dict[str, Any]:
     return {
         "recovery_s": common.Spread.of(r.seconds for r in recoveries).as_dict(),
@@ -435,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load_at_start = common.machine_load()
     with (
-        node_cluster(args.cluster) as cluster,
+        support.bench_cluster(args.cluster, 1) as cluster,
         tempfile.TemporaryDirectory(prefix="mw-bench-") as scratch,
         cluster.api_client() as api,
     ):

@@ -23,6 +23,7 @@ from multiworld_operator.kube.metrics.access import MetricsAccess
 from multiworld_operator.kube.metrics.registry import OperatorMetrics
 from multiworld_operator.kube.metrics.server import MAX_CONNECTIONS, MAX_HEAD, MAX_PER_SOURCE
 from tests.support.operator_metrics import FixedStatuses, planner_status
+from tests.support.worker_metrics import closed_within
 
 pytestmark = pytest.mark.quick
 
@@ -57,17 +58,6 @@ def connect(port: int, source: str) -> socket.socket:
     return sock
 
 
-def closed(sock: socket.socket, within_s: float) -> bool:
-    """Whether the server closed `sock` within `within_s` (it sends nothing to a silent one)."""
-    sock.settimeout(within_s)
-    try:
-        return sock.recv(1) == b""
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        return True
-
-
 def scraped(port: int, source: str = "127.0.0.1") -> int:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
     try:
@@ -84,8 +74,8 @@ def test_a_sources_connections_past_its_count_are_closed_at_once(metrics: Operat
     held = [connect(port, "127.0.0.2") for _ in range(MAX_PER_SOURCE)]
     extra = [connect(port, "127.0.0.2") for _ in range(3)]
     try:
-        assert [closed(sock, CLOSED_WITHIN_S) for sock in extra] == [True] * 3
-        assert [closed(sock, 0.1) for sock in held] == [False] * MAX_PER_SOURCE
+        assert [closed_within(sock, CLOSED_WITHIN_S) for sock in extra] == [True] * 3
+        assert [closed_within(sock, 0.1) for sock in held] == [False] * MAX_PER_SOURCE
         assert scraped(port) == 200  # another source is served meanwhile
     finally:
         for sock in held + extra:
@@ -106,7 +96,7 @@ def test_past_the_total_a_connection_still_in_its_request_makes_room_for_a_scrap
         assert scraped(port) == 200
         readable, _, _ = select.select(flood, [], [], CLOSED_WITHIN_S)
         (victim,) = readable  # one closed, no other closed nor sent anything
-        assert closed(victim, 0)
+        assert closed_within(victim, 0)
         assert metrics.server is not None and metrics.server.connections <= MAX_CONNECTIONS
     finally:
         for sock in flood:
@@ -126,8 +116,8 @@ def test_a_silent_connection_and_an_endless_head_are_closed(monkeypatch: pytest.
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
         handshaken = context.wrap_socket(connect(port, "127.0.0.3"))
         started = time.monotonic()
-        assert closed(silent, 5.0)
-        assert closed(handshaken, 5.0)
+        assert closed_within(silent, 5.0)
+        assert closed_within(handshaken, 5.0)
         assert 0.8 < time.monotonic() - started < 4.0
         endless = context.wrap_socket(connect(port, "127.0.0.4"))
         endless.sendall(b"GET /metrics HTTP/1.1\r\nX-Long: " + b"x" * MAX_HEAD)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from tests.cluster import cluster as cluster_module, operator_release
+from tests.cluster import cluster as cluster_module, images, operator_release
 from tests.cluster.cluster import Cluster
 from tests.support.operator_support import KubeNamespace, wait_for
 
@@ -116,3 +117,28 @@ def signal_container(cluster: Cluster, pod: client.V1Pod, signal: str) -> None:
     cluster.node_named(pod.spec.node_name).ctr(
         ["tasks", "kill", "--signal", signal, container_id(pod)], f"sending {signal} to {pod.metadata.name}"
     )
+
+
+@contextlib.contextmanager
+def bench_cluster(given: Path | None, nodes: int) -> Iterator[Cluster]:
+    """A bench's cluster of `nodes` nodes with our images loaded: the running one in the folder
+    `given` (`make cluster NODES=N`'s .cluster, or a test session's), or its own in a temp dir."""
+    if given is not None:
+        cluster = Cluster(given)
+        if len(cluster.nodes) < nodes or "kubelet" not in cluster.running_components():
+            raise SystemExit(
+                f"--cluster {given}: this bench needs {nodes} running node(s) (`make cluster NODES={nodes}`)"
+            )
+        for node in cluster.nodes:
+            images.load_images(str(node.socket))
+        yield cluster
+        return
+    with tempfile.TemporaryDirectory(prefix="mw-bench-node-") as folder:
+        cluster = Cluster(Path(folder))
+        cluster.start(cluster_module.find_binaries(), detach=False, nodes=nodes)
+        try:
+            for node in cluster.nodes:
+                images.load_images(str(node.socket))
+            yield cluster
+        finally:
+            cluster.stop()

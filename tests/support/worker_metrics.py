@@ -64,7 +64,8 @@ def get(port: int, path: str = "/metrics", headers: str = "") -> tuple[int, dict
 
 
 def closed_within(sock: socket.socket, timeout: float) -> bool:
-    """Whether the server closes `sock` (a reset counts) within `timeout`, having sent nothing."""
+    """Whether the server closes `sock` (a reset counts) within `timeout`, having sent nothing
+    (any server: the operator's metrics server's tests use it too)."""
     sock.settimeout(timeout)
     try:
         return sock.recv(1) == b""
