@@ -163,6 +163,10 @@ class NodeHost:
                 "dnsmasq", "--keep-in-foreground", "--conf-file=/dev/null", "--user=root", "--pid-file=",
                 f"--listen-address={self.ip}", "--bind-interfaces", "--no-hosts", "--no-resolv",
                 f"--hostsdir={self.dns_dir}", f"--local=/{DOMAIN}/", "--no-negcache",
+                # A reverse lookup of a private address it has no record of (a pod's, which
+                # torch's store looks up as it connects) is answered NXDOMAIN here, not sent to
+                # the machine's own nameserver: how fast that one answers is not the cluster's.
+                "--bogus-priv",
                 f"--server={upstream_nameserver()}", "--log-facility=-",
             ],
             "dns-records": [

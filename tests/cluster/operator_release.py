@@ -37,12 +37,14 @@ def install(
     watch_only_those: bool = False,
     replicas: int | None = None,
     node: str | None = None,
+    wait: bool = False,
 ) -> dict[str, Any]:
     """Create the namespaces that are missing, then `helm install` the chart: the operator's
     Deployment (image multiworld/operator:dev, never pulled; `replicas`, else the chart's) in
     `namespace`, the worker ServiceAccount in each of `worker_namespaces`; the operator watches
     every namespace, or with `watch_only_those` only those (so that several releases share a
-    cluster); with `node`, on that node only (the chart's nodeSelector)."""
+    cluster); with `node`, on that node only (the chart's nodeSelector); with `wait`, as
+    `helm install --wait`: back once every resource is ready (the Deployment's replicas too)."""
     with config.new_client_from_config(config_file=str(kubeconfig)) as api:
         core = client.CoreV1Api(api)
         for name in (namespace, *worker_namespaces):
@@ -59,10 +61,18 @@ def install(
     if node is not None:
         values["nodeSelector"] = {"kubernetes.io/hostname": node}
     with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as helm_config:
-        installed: dict[str, Any] = helm_config.install(CHART_DIR, release, values, timeout=HELM_TIMEOUT_S)
+        installed: dict[str, Any] = helm_config.install(
+            CHART_DIR, release, values, timeout=HELM_TIMEOUT_S, wait="watcher" if wait else None
+        )
     if installed["status"] != "deployed":
         raise RuntimeError(f"helm install of {release} ended {installed['status']}: {installed}")
     return installed
+
+
+def uninstall(kubeconfig: Path, namespace: str, release: str) -> None:
+    """`helm uninstall`: the release's objects go (its namespaces stay)."""
+    with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as helm_config:
+        helm_config.uninstall(release, timeout=HELM_TIMEOUT_S)
 
 
 def main(argv: list[str] | None = None) -> int:

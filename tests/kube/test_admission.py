@@ -28,6 +28,7 @@ from multiworld_operator import cli
 from multiworld_operator.kube import main as operator_main
 from multiworld_operator.kube.admission.webhook import Webhook
 from multiworld_operator.kube.workers.channel_settings import ENV_CHANNEL_PORT
+from multiworld_operator.spec.limits import MAX_SPEC_DEPTH
 from tests.cluster import cluster as cluster_module
 from tests.cluster.cluster import Cluster
 from tests.support.operator_support import (
@@ -41,6 +42,7 @@ from tests.support.operator_support import (
     stop_operator,
     two_worlds,
 )
+from tests.support.tenant import deep_enough, nested
 from tests.support.webhook_support import ca_bundle, serve_from_this_host, wait_listening
 
 pytestmark = pytest.mark.kube
@@ -188,6 +190,25 @@ def test_apply_of_a_valid_spec_is_admitted_and_an_edit_with_a_mistake_refused(
         assert "spec.worlds[1].ranks[2]: member 'ghost' is not declared" in refused.stderr
         stored = mw.get("good")
         assert stored is not None and "ghost" not in stored["spec"]["worlds"][1]["ranks"]
+
+
+def test_a_spec_nested_as_deep_as_the_api_server_allows_is_refused_naming_its_field(
+    kube_cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The webhook reads an AdmissionReview nested 9,900 deep (past Python's default recursion
+    limit) and refuses it by the spec's nesting cap, naming the field; the operator goes on."""
+    manifest = two_worlds("deep")
+    manifest["spec"]["template"]["junk"] = nested(9_900)
+    with release(kube_cluster, namespace, "Fail", tmp_path) as mw, mw.operator(), deep_enough():
+        custom = client.CustomObjectsApi(mw.api)
+        with pytest.raises(ApiException) as refused:
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, manifest)
+        assert refused.value.status == 422, refused.value.body
+        assert "spec.template.junk" in str(refused.value.body), refused.value.body
+        assert f"nested more than {MAX_SPEC_DEPTH} levels deep" in str(refused.value.body), refused.value.body
+        assert mw.get("deep") is None
+        admitted = mw.apply(two_worlds("after"))
+        assert admitted.returncode == 0, admitted.stderr
 
 
 def test_with_the_operator_down_ignore_admits_and_spec_valid_names_the_mistakes(

@@ -345,9 +345,10 @@ def test_suspend_deletes_every_pod_and_resume_brings_the_worlds_back(
         json.dumps({"spec": {"suspend": suspend}}),
     )
     patch(True)
+    # A reconcile step deletes the pods before it writes its status: wait for both.
     wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
+    wait_for(f"{name} Suspended", lambda: kube.status(name).get("phase") == "Suspended", WAIT_S)
     status = kube.status(name)
-    assert status["phase"] == "Suspended", status
     assert {w: (s["phase"], s["epoch"], s["restarts"]) for w, s in status["worlds"].items()} == {
         "world1": ("Suspended", 1, 0),
         "world2": ("Suspended", 1, 0),
@@ -733,7 +734,8 @@ def test_a_chain_of_shared_members_recovers_from_each_kill_and_rolls_out(
                 "-p", json.dumps({"spec": {"template": template}}))  # fmt: skip
         status = _wait_rollout_complete(kube, name, "the chain's new template")
         print(f"chain rollout of 5 pods: {time.monotonic() - started:.1f} s")
-        assert {w: s["restarts"] for w, s in status["worlds"].items()} == restarts, status
+        failed = [e.message for e in kube.events(name) if e.reason == "WorldFailed"]
+        assert {w: s["restarts"] for w, s in status["worlds"].items()} == restarts, failed
         for instance in kube.pods(name).values():
             env = {e.name: e.value for e in instance.spec.containers[0].env or []}
             assert env.get("ROLLOUT") == "1", f"{instance.metadata.name} is not of the new template"

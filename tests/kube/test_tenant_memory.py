@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import base64
 import gzip
-import os
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,24 +23,18 @@ from kubernetes import client
 
 from multiworld_operator.kube.memory.memory_store import MEMORY_REBUILT
 from multiworld_operator.kube.memory.planner_memory import MEMORY_KEY
-from multiworld_operator.kube.workers.channel_settings import ENV_CHANNEL_PORT
 from tests.cluster.cluster import Cluster
 from tests.support.operator_support import (
     Kubelet,
     KubeNamespace,
     cluster_release,
     refusals,
-    stop_operator,
     two_worlds,
     wait_for,
 )
+from tests.support.tenant import CHART_LIMIT_MIB, operator_process, peak_rss_mib, tenant_api
 
 pytestmark = pytest.mark.kube
-
-REPO = Path(__file__).resolve().parents[2]
-# The chart's memory limit for the operator (charts/multiworld-operator/values.yaml).
-CHART_LIMIT_MIB = 256
-TENANT = "tenant"
 
 
 def _objects() -> bytes:
@@ -57,43 +47,6 @@ def _deep() -> bytes:
     return b"[" * 10_000_000
 
 
-@contextmanager
-def operator_process(kubeconfig: Path, namespace: str, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """`multiworld operator` serving `namespace` as a process of its own (its memory is its own)."""
-    with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "multiworld_operator.cli", "operator", "--namespace", namespace],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "KUBECONFIG": str(kubeconfig), ENV_CHANNEL_PORT: "0"},
-            cwd=REPO,
-        )
-    try:
-        yield process
-    finally:
-        stop_operator(process)
-
-
-def peak_rss_mib(process: subprocess.Popen[bytes]) -> float:
-    """The process's peak resident memory so far (the kernel's high-water mark)."""
-    (line,) = [x for x in Path(f"/proc/{process.pid}/status").read_text().splitlines() if x.startswith("VmHWM:")]
-    return int(line.split()[1]) / 1024
-
-
-def tenant_api(cluster: Cluster, api: client.ApiClient, namespace: str) -> client.CoreV1Api:
-    """A ServiceAccount of the namespace bound to the `edit` ClusterRole there: a tenant."""
-    account = client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=TENANT))
-    client.CoreV1Api(api).create_namespaced_service_account(namespace, account)
-    binding = client.V1RoleBinding(
-        metadata=client.V1ObjectMeta(name=TENANT),
-        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="edit"),
-        subjects=[client.RbacV1Subject(kind="ServiceAccount", name=TENANT, namespace=namespace)],
-    )
-    client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(namespace, binding)
-    return client.CoreV1Api(cluster.serviceaccount_api_client(namespace, TENANT))
-
-
 @pytest.mark.parametrize("junk", [_objects, _deep], ids=["objects", "deep"])
 def test_a_tenants_memory_configmap_costs_the_operator_a_bounded_amount(
     kube_cluster: Cluster, namespace: str, tmp_path: Path, junk: Callable[[], bytes]
@@ -102,7 +55,7 @@ def test_a_tenants_memory_configmap_costs_the_operator_a_bounded_amount(
     log_path = tmp_path / "operator.log"
     with kube_cluster.api_client() as api, Kubelet(api, namespace) as kubelet:
         kube = KubeNamespace(api, namespace)
-        tenant = tenant_api(kube_cluster, api, namespace)
+        tenant = client.CoreV1Api(tenant_api(kube_cluster, api, namespace))
         with operator_process(kubeconfig, namespace, log_path):
             kube.create(two_worlds("mine"))
             kube.create(two_worlds("other"))

@@ -24,6 +24,7 @@ from multiworld_operator.spec.limits import (
     MAX_RANKS,
     MAX_REPLICAS,
     MAX_SPEC_BYTES,
+    MAX_SPEC_DEPTH,
     MAX_WORLDS,
     MAX_WORLDS_PER_POD,
 )
@@ -42,6 +43,7 @@ from tests.support.limits_support import (
     pod_annotations,
     worker_line,
 )
+from tests.support.tenant import nested
 
 pytestmark = pytest.mark.quick
 
@@ -168,3 +170,26 @@ def test_a_refusal_lists_a_bounded_number_of_bounded_problems() -> None:
     assert count > MAX_PROBLEMS and f"({count} problem(s))" in str(caught.value)
     assert len(problems) == MAX_PROBLEMS + 1 and problems[-1] == f"and {count - MAX_PROBLEMS} more problem(s)"
     assert all(len(p) <= MAX_PROBLEM_LENGTH for p in problems)
+
+
+def test_a_spec_nested_past_its_cap_is_refused_naming_its_field_at_any_depth() -> None:
+    """MAX_SPEC_DEPTH levels pass, one more is refused naming the field it is under; and a value
+    as deep as the API server stores (10,000 levels) is judged at the default recursion limit,
+    with nothing else run on it."""
+    data = largest_manifest()
+    # spec (1), template (2), junk (3): the list at depth 3 holds MAX_SPEC_DEPTH - 2 levels more.
+    data["spec"]["template"]["junk"] = nested(MAX_SPEC_DEPTH - 2)
+    parse_manifest(copy.deepcopy(data))
+    data["spec"]["template"]["junk"] = nested(MAX_SPEC_DEPTH - 1)
+    with pytest.raises(SpecError) as caught:
+        parse_manifest(copy.deepcopy(data))
+    (found,) = caught.value.problems
+    assert found.startswith("spec.template.junk") and f"nested more than {MAX_SPEC_DEPTH} levels deep" in found
+    data["spec"]["members"][0]["template"] = {"spec": {"x": nested(10_000)}}
+    assert sys.getrecursionlimit() <= 1000
+    with pytest.raises(SpecError) as caught:
+        parse_manifest(data)
+    assert [p.split(":")[0] for p in caught.value.problems] == [
+        "spec.members[0].template.spec",
+        "spec.template.junk[0][0]",
+    ]

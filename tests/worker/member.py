@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import sys
@@ -150,8 +151,14 @@ class Suite:
 
 def collectives(args: dict[str, Any]) -> None:
     manager = mw.WorldManager(pod=args["pod"], config=config(args))
-    worlds = manager.join_all(mw.WorldAssignment(**a) for a in args["worlds"])
+    assignments = [mw.WorldAssignment(**a) for a in args["worlds"]]
+    worlds = manager.join_all(assignments)
     emit("joined", worlds=sorted(worlds))
+    missing = sorted({a.name for a in assignments} - set(worlds))
+    if missing:
+        # The library said why on stderr (the WARNING its join logs); stop here, before a
+        # later op fails in a way that hides it.
+        sys.exit(f"could not join {missing}")
     results: dict[str, dict[str, Any]] = {}
 
     def blocking(world: mw.World) -> None:
@@ -496,6 +503,8 @@ def use_backend(backend: str) -> None:
 
 
 if __name__ == "__main__":
+    # The library's own lines (a join that failed, a verdict) land in a failing test's report.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s: %(message)s")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     arguments = json.loads(sys.argv[2])

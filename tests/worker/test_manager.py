@@ -8,6 +8,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -158,7 +159,8 @@ def test_following_a_table_a_join_whose_store_went_away_is_tried_again(table_ser
     process still up for a moment): the member reaches it, then loses it. It tries the same
     epoch again and joins once the new rank 0 serves there; it used to give that epoch up for
     good, and nothing else would ever have asked it to join (the world waited for it until the
-    platform's join timeout replaced it)."""
+    platform's join timeout replaced it). It reports nothing: the new instance may run already,
+    and the platform counted such a report as the epoch failing (a rollout's restart)."""
     (port,) = free_ports(1)
     stale = subprocess.Popen([sys.executable, "-c", STALE_STORE, str(port)], stdout=subprocess.PIPE, text=True)
     member = rank0 = None
@@ -174,18 +176,51 @@ def test_following_a_table_a_join_whose_store_went_away_is_tried_again(table_ser
         del probe
         stale.kill()
         stale.wait()
-        table_server.wait_until(
-            lambda: any(r.world == "w" and r.reason.startswith("join failed: ") for r in table_server.reports),
-            "the lost store reported",
-        )
         (rank0,) = managers(table_server, "p0")
         worlds = [m.wait_world_blocking("w", timeout=60) for m in (rank0, member)]
         assert [w.epoch for w in worlds] == [2, 2]
+        assert not table_server.reports, table_server.reports
     finally:
         stale.kill()
         for manager in (member, rank0):
             if manager is not None:
                 manager.close()
+
+
+def test_a_store_lost_at_every_try_ends_in_a_reported_timeout_at_the_first_tries_deadline(table_server) -> None:
+    """A store that accepts and at once drops every connection (the member loses it at each
+    try): the tries again share the first one's deadline, so the join times out and says so
+    once the join timeout is over, rather than trying unheard for ever."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    dropping = True
+
+    def drop() -> None:
+        while dropping:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            connection.close()
+
+    dropper = threading.Thread(target=drop, daemon=True)
+    dropper.start()
+    table_server.publish(table(1, ("w", 1, port, ["p0", "p1"])))
+    config = FAST.model_copy(update={"join_timeout": 3.0})
+    member = mw.WorldManager(pod="p1", config=config, channel=open_channel(table_server.url, "p1"))
+    try:
+        started = time.monotonic()
+        table_server.wait_until(lambda: bool(table_server.reports), "the timed-out join reported", timeout=30)
+        waited = time.monotonic() - started
+        (report,) = table_server.reports
+        assert report.world == "w" and report.epoch == 1, report
+        # The timeout's words, not the lost store's (which add the store client's error).
+        assert report.reason == f"join failed: cannot reach the store of world 'w' at 127.0.0.1:{port}", report
+        assert 2.9 <= waited < 3.0 + 5.0, f"reported {waited:.1f}s after the join began"
+    finally:
+        dropping = False
+        listener.close()
+        member.close()
 
 
 def _port_free(port: int) -> bool:

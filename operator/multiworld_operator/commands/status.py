@@ -22,6 +22,7 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from multiworld_operator.kube.client.nesting import allow_api_depth
 from multiworld_operator.planner import StatusView
 from multiworld_operator.spec.resource import API_GROUP, API_VERSION, PLURAL
 from multiworld_operator.text_columns import aligned
@@ -134,6 +135,7 @@ def _api(kubeconfig: str | None) -> client.CustomObjectsApi:
                 "MultiWorlds on a Kubernetes cluster, so point --kubeconfig or KUBECONFIG at one "
                 "(`multiworld run FILE.yaml` runs a MultiWorld on this machine with no cluster)"
             ) from exc
+    allow_api_depth()  # a status anyone with `update` on multiworlds/status wrote
     return client.CustomObjectsApi()
 
 

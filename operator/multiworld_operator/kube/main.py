@@ -10,6 +10,7 @@ import kopf
 
 from multiworld_operator.kube import handlers  # noqa: F401  (registers the handlers with kopf)
 from multiworld_operator.kube.admission.webhook import Webhook, enable
+from multiworld_operator.kube.client.nesting import allow_api_depth
 from multiworld_operator.kube.leadership import LeaseConfig
 
 
@@ -33,6 +34,7 @@ def run_operator(
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         for name in ("kopf", "aiohttp.access"):
             logging.getLogger(name).setLevel(logging.WARNING)
+    allow_api_depth()
     settings = kopf.OperatorSettings()
     certificate = None if webhook is None else enable(webhook, settings, kopf.get_default_registry())
     lost = asyncio.Event()

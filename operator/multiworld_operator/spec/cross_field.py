@@ -1,6 +1,7 @@
 """The checks that span fields: names declared twice, ranks naming no member, worlds too small,
 members in no world, pod and spare names too long, the caps on pods, ranks, worlds per pod and
-the spec's size, and store ports declared in a template.
+the spec's size, and store ports declared in a template; and how deeply the spec nests
+(`nesting_problems`, judged first: the others may recurse into it).
 
 They read the raw manifest tolerantly (a value of the wrong type is skipped: the models name
 it), so `parse_manifest` reports them together with the models' field errors, which keep a
@@ -19,11 +20,33 @@ from multiworld_operator.spec.limits import (
     MAX_PODS,
     MAX_RANKS,
     MAX_SPEC_BYTES,
+    MAX_SPEC_DEPTH,
     MAX_WORLDS_PER_POD,
     PORT_BASE,
     PORT_SPAN,
 )
 from multiworld_operator.spec.names import MAX_LABEL, SPARE_SERIAL_ROOM, is_label, pod_name
+
+
+def nesting_problems(data: Mapping[str, Any]) -> list[str]:
+    """A spec nested deeper than MAX_SPEC_DEPTH, named by the field it is deepest under (its
+    first four steps), found without recursion: any depth the API server stores is walked."""
+    pending: list[tuple[object, int, str]] = [(data.get("spec"), 1, "spec")]
+    too_deep: dict[str, None] = {}
+    while pending:
+        value, depth, path = pending.pop()
+        if isinstance(value, Mapping):
+            children: Iterator[tuple[str, object]] = ((f".{key}", child) for key, child in value.items())
+        elif isinstance(value, list):
+            children = ((f"[{index}]", child) for index, child in enumerate(value))
+        else:
+            continue
+        if depth > MAX_SPEC_DEPTH:
+            too_deep[path] = None
+            continue
+        named = depth <= 4  # the path keeps its first four steps only
+        pending.extend((child, depth + 1, path + step if named else path) for step, child in children)
+    return [f"{path}: nested more than {MAX_SPEC_DEPTH} levels deep" for path in too_deep]
 
 
 def cross_field_problems(data: Mapping[str, Any]) -> list[str]:

@@ -44,6 +44,12 @@ MAX_SPEC_BYTES = 256 * 1024
 #   too, for a spec that never was valid), which shares the object with the largest spec.
 MAX_PROBLEMS = 32
 MAX_PROBLEM_LENGTH = 320
+# - How deeply the spec may nest (objects and lists, counted from the spec itself): a
+#   PodTemplateSpec's deepest fields (an affinity term's match expression's values) are about
+#   15 levels below a member's template. The API server stores JSON nested up to 10,000 levels
+#   (kube/client/nesting.py), which every recursive reader of it (a JSON encoder, a deep copy)
+#   would have to follow; the spec's checks walk it without recursion.
+MAX_SPEC_DEPTH = 64
 
 # The worlds' store ports (kube/objects/ports.py, local/store_ports.py): below the kernel's ephemeral
 # ports (Linux: 32768+), so no socket gets one unasked (an outgoing connection, a listener on

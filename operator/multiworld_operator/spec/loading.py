@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from multiworld_operator.spec.cross_field import cross_field_problems
+from multiworld_operator.spec.cross_field import cross_field_problems, nesting_problems
 from multiworld_operator.spec.limits import MAX_PROBLEM_LENGTH, MAX_PROBLEMS
 from multiworld_operator.spec.models import CROSS_FIELD_ERROR, MultiWorld
 
@@ -71,6 +71,9 @@ def parse_manifest(data: object) -> MultiWorld:
     """Validate a parsed manifest; raise SpecError listing every problem."""
     if not isinstance(data, Mapping):
         raise SpecError([f"manifest: expected a mapping (a MultiWorld object), got {type(data).__name__}"])
+    problems = nesting_problems(data)
+    if problems:
+        raise SpecError(problems)
     problems = cross_field_problems(data)
     try:
         multiworld = MultiWorld.model_validate(data)

@@ -49,7 +49,8 @@ class RuleBroken(AssertionError):
 class Join:
     """One rendezvous in flight on its own daemon thread. `config` and `device`: this join's
     own, where they differ from the manager's (None: the manager's); `pause`: seconds it waits
-    before it starts (a try again). `done` is set once it ended, with `world` or `error` set."""
+    before it starts (a try again); `deadline`: when it times out (monotonic; None: the join
+    timeout after it starts). `done` is set once it ended, with `world` or `error` set."""
 
     def __init__(
         self,
@@ -57,11 +58,13 @@ class Join:
         config: DetectConfig | None = None,
         device: str | torch.device | None = None,
         pause: float = 0.0,
+        deadline: float | None = None,
     ) -> None:
         self.assignment = assignment
         self.config = config
         self.device = device
         self.pause = pause
+        self.deadline = deadline
         self.cancelled = threading.Event()
         self.done = threading.Event()
         self.world: World | None = None

@@ -7,6 +7,7 @@ No torch at import: the communicator code (world/core.py) loads on the first joi
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -134,10 +135,11 @@ class Joiner:
         device: str | torch.device | None = None,
         pause: float = 0.0,
         replacing: Join | None = None,
+        deadline: float | None = None,
     ) -> Join:
         """Register a join of `a` (under the lock), in place of the failed join `replacing`
         when it tries again, and run it on its own thread."""
-        join = Join(a, config, device, pause)
+        join = Join(a, config, device, pause, deadline)
         if replacing is None:
             self._held.start_joining(join)
         else:
@@ -149,15 +151,19 @@ class Joiner:
         from multiworld.world.core import form_world
 
         join.cancelled.wait(join.pause)  # a join called off meanwhile ends at once in form_world
+        config = join.config or self.config
+        if join.deadline is None:
+            join.deadline = time.monotonic() + config.join_timeout
         try:
             world = form_world(
                 join.assignment,
                 pod=self._pod,
-                config=join.config or self.config,
+                config=config,
                 device=join.device if join.device is not None else self._device,
                 detector=self._detector,
                 cancelled=join.cancelled,
                 on_broken=self._reporter.world_broken,
+                deadline=join.deadline,
             )
         except BaseException as exc:
             self._failed(join, exc)
@@ -184,16 +190,22 @@ class Joiner:
         with held.lock:
             current = held.joining(a.name) is join
             # Following a live table, a join that timed out goes on waiting (a peer's pod may be
-            # scheduling or pulling its image), and one that lost its store tries again (the
-            # address may have led to a replaced instance); the platform decides from the
-            # report whether the epoch failed, and a newer epoch calls this join off.
+            # scheduling or pulling its image), reported: the platform decides whether the
+            # epoch failed. One that lost its store tries again within the same deadline,
+            # unreported: the address may have led to a replaced instance for a moment (its
+            # pod's new instance may already run, so the platform could not tell this from a
+            # failure), and a store that keeps failing ends in a timeout. A newer epoch calls
+            # this join off.
             again = current and isinstance(exc, (JoinTimedOut, StoreLost)) and self._follows_table and not held.closed
+            retried_quietly = again and isinstance(exc, StoreLost)
             if again:
-                pause = RETRY_PAUSE_S if isinstance(exc, StoreLost) else 0.0
-                self._launch(a, join.config, join.device, pause, replacing=join)
+                pause, deadline = (RETRY_PAUSE_S, join.deadline) if retried_quietly else (0.0, None)
+                self._launch(a, join.config, join.device, pause, replacing=join, deadline=deadline)
             elif current:
                 held.give_up(join)
-        if current and not isinstance(exc, (JoinCancelled, StaleEpochError)):
+        if retried_quietly:
+            WorldLog(log, a.name, a.epoch).info("lost its store while joining; trying again: %s", exc)
+        elif current and not isinstance(exc, (JoinCancelled, StaleEpochError)):
             WorldLog(log, a.name, a.epoch).warning("could not join: %s", exc)
             self._reporter.join_failed(a, exc)
         elif current:

@@ -201,12 +201,13 @@ def form_world(
     device: str | torch.device | None,
     cancelled: threading.Event,
     on_broken: BrokenCallback,
+    deadline: float,
 ) -> World:
-    """Rendezvous with the other members of this epoch and build the world (blocking); its
-    failures are watched by `detector` unless `config.heartbeat` is off."""
+    """Rendezvous with the other members of this epoch and build the world (blocking) by
+    `deadline` (monotonic); its failures are watched by `detector` unless `config.heartbeat` is
+    off."""
     a = assignment
     driver = make_driver(a.backend, device)
-    deadline = time.monotonic() + config.join_timeout
 
     def client() -> Any:
         return stores.open_client(
