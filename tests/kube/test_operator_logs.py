@@ -1,6 +1,7 @@
 """The operator's log follows one failure by its keys (issue 35 item 7): on a real API server, a
 failed pod's world is broken, its pod replaced and the world restarted; every line of that
-MultiWorld's loop and its step carries `multiworld`, and its Events' lines the world."""
+MultiWorld's loop and its step carries `multiworld`, and its Events' lines the world and its
+epoch."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def test_a_failure_is_logged_under_its_multiworld_and_world(scene: Scene, caplog
     assert bound == {f"{kube.namespace}/mw"}, [(r.getMessage(), getattr(r, "multiworld", None)) for r in ours]
     deletes = [r.getMessage() for r in ours if r.getMessage().startswith("deleting pod mw-a-0")]
     assert deletes, [r.getMessage() for r in ours]
-    about_wa = {r.getMessage().split(":")[0] for r in ours if getattr(r, "world", None) == "wa"}
-    assert {"Warning WorldFailed", "Normal WorldRecovered"} <= about_wa, about_wa
+    about_wa = {
+        r.getMessage().split(":")[0]: getattr(r, "epoch", None) for r in ours if getattr(r, "world", None) == "wa"
+    }
+    # The failure's line carries the epoch wa restarts at, as its recovery's does.
+    assert {"Warning WorldFailed": 2, "Normal WorldRecovered": 2}.items() <= about_wa.items(), about_wa
     assert not [r.getMessage() for r in ours if getattr(r, "world", None) == "wb" and "WorldFailed" in r.getMessage()]

@@ -265,7 +265,7 @@ class Reconciler:
             await self._label_spares(multiworld, result.status)
         with failing_as("writing the status"):
             await self.status.show(result.status)
-        await gather_bounded(self.events.post(e.type, e.reason, e.message, e.world) for e in planned.events)
+        await gather_bounded(self.events.post(e.type, e.reason, e.message, e.world, e.epoch) for e in planned.events)
         await gather_bounded(self.events.post("Warning", NODE_LOST, m) for m in self.lost.take_news())
         await gather_bounded(self.events.post("Warning", REPORT_REFUSED, m) for m in self.inbox.take_refusals())
         if failures:

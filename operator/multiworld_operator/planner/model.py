@@ -115,13 +115,16 @@ class PublishTable(_Model):
 
 
 class EmitEvent(_Model):
-    """Record an event on the MultiWorld (`kubectl describe mw`); locally, show or log it."""
+    """Record an event on the MultiWorld (`kubectl describe mw`); locally, show or log it.
+    `world`: the world it is about, and `epoch` that world's epoch once the event was decided
+    (a failure's event: the epoch it restarts at), for the operator's log line."""
 
     action: Literal["event"] = "event"
     type: EventType
     reason: str
     message: str
     world: str | None = None
+    epoch: int | None = None
 
 
 Action = Annotated[CreatePod | DeletePod | AssignSpare | PublishTable | EmitEvent, Field(discriminator="action")]

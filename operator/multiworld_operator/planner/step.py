@@ -101,7 +101,9 @@ class Step:
         return self.observation.reports
 
     def event(self, type_: EventType, reason: str, world: str | None, message: str) -> None:
-        self.events.append(EmitEvent(type=type_, reason=reason, world=world, message=message))
+        state = self.worlds.get(world) if world is not None else None
+        epoch = state.epoch if state is not None else None
+        self.events.append(EmitEvent(type=type_, reason=reason, world=world, epoch=epoch, message=message))
 
     def playing(self, pod: str) -> str:
         """The pod that plays member pod `pod` now: a warm spare, or the pod of that name."""

@@ -41,8 +41,10 @@ class MultiWorldEvents:
         self._held: Counter[str] = Counter()
         self._held_since = 0.0
 
-    async def post(self, type_: str, reason: str, message: str, world: str | None = None) -> None:
-        """Post an Event (`world`: the one it is about, for the log) unless the budget is spent."""
+    async def post(
+        self, type_: str, reason: str, message: str, world: str | None = None, epoch: int | None = None
+    ) -> None:
+        """Post an Event (`world` and `epoch`: what it is about, for the log) unless the budget is spent."""
         if not self._budget.take(()):
             if not self._held:
                 self._held_since = time.monotonic()
@@ -57,19 +59,21 @@ class MultiWorldEvents:
                 f"{held} not posted in the last {time.monotonic() - self._held_since:.0f} s: this MultiWorld "
                 f"posts {self._budget.burst:.0f} Events at once, then one every {EVENT_REFILL_S:.0f} s",
             )
-        await self._post(type_, reason, message, world)
+        await self._post(type_, reason, message, world, epoch)
 
     def allow_for(self, worlds: int) -> None:
         """Size the burst for a MultiWorld of `worlds` worlds (its spec as last parsed)."""
         self._budget.burst = EVENT_BURST + EVENTS_PER_WORLD * worlds
 
-    async def _post(self, type_: str, reason: str, message: str, world: str | None = None) -> None:
+    async def _post(
+        self, type_: str, reason: str, message: str, world: str | None = None, epoch: int | None = None
+    ) -> None:
         try:
             await self.api.post_event(self.multiworld, type_, reason, message)
         except ApiException as error:
-            log.warning("event %s not posted: %s", reason, api_message(error), extra=about(world))
+            log.warning("event %s not posted: %s", reason, api_message(error), extra=about(world, epoch))
         else:
-            log.info("%s %s: %s", type_, reason, message, extra=about(world))
+            log.info("%s %s: %s", type_, reason, message, extra=about(world, epoch))
 
     async def warn_once(self, reason: str, messages: list[str]) -> None:
         """A Warning per message not posted before."""
