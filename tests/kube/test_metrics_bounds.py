@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import select
-import socket
 import ssl
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from multiworld_operator.kube.metrics.access import MetricsAccess
 from multiworld_operator.kube.metrics.registry import OperatorMetrics
 from multiworld_operator.kube.metrics.server import MAX_CONNECTIONS, MAX_HEAD, MAX_PER_SOURCE
 from tests.support.operator_metrics import FixedStatuses, planner_status
-from tests.support.worker_metrics import closed_within
+from tests.support.worker_metrics import closed_within, connect
 
 pytestmark = pytest.mark.quick
 
@@ -49,13 +48,6 @@ def metrics() -> Iterator[OperatorMetrics]:
 def port_of(metrics: OperatorMetrics) -> int:
     assert metrics.server is not None
     return metrics.server.port
-
-
-def connect(port: int, source: str) -> socket.socket:
-    sock = socket.socket()
-    sock.bind((source, 0))
-    sock.connect(("127.0.0.1", port))
-    return sock
 
 
 def scraped(port: int, source: str = "127.0.0.1") -> int:

@@ -1,5 +1,6 @@
 """The worker's metrics endpoint seen from outside (tests/worker/test_worker_metrics_bounds.py):
-a process that serves it, and HTTP spoken over raw sockets.
+a process that serves it, and HTTP spoken over raw sockets (`connect` and `closed_within` serve
+the operator's metrics server's tests too).
 
 `python -m tests.support.worker_metrics PORT` (from the repository root) serves the worker's
 metrics on PORT as a WorldManager given that port does (`multiworld.metrics.serve`), counts a
@@ -39,18 +40,37 @@ def threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
-def connect(port: int, timeout: float = 10.0) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout)
+def connect(port: int, source: str = "127.0.0.1", timeout: float = 10.0) -> socket.socket:
+    """A connection to a server on this machine's `port` from `source` (any loopback address:
+    the server sees another source address for each)."""
+    return socket.create_connection(("127.0.0.1", port), timeout, source_address=(source, 0))
+
+
+def flood(port: int, source: str, count: int) -> list[socket.socket]:
+    """`count` connections from `source` that say nothing, those the server took (one it reset
+    as it connected is left out)."""
+    opened = []
+    for _ in range(count):
+        try:
+            opened.append(connect(port, source))
+        except ConnectionResetError:
+            continue
+    return opened
 
 
 def request(port: int, head: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     """The status, headers (names in lower case) and body that `head`, sent as is on a
     connection of its own, is answered, read until the server closes."""
-    with connect(port, timeout) as sock:
-        sock.sendall(head)
-        chunks = []
-        while chunk := sock.recv(1 << 16):
-            chunks.append(chunk)
+    with connect(port, timeout=timeout) as sock:
+        return exchange(sock, head)
+
+
+def exchange(sock: socket.socket, head: bytes) -> tuple[int, dict[str, str], bytes]:
+    """`request`'s answer to `head` on a connection made already."""
+    sock.sendall(head)
+    chunks = []
+    while chunk := sock.recv(1 << 16):
+        chunks.append(chunk)
     answer_head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
     if not answer_head:
         raise ConnectionResetError("closed without an answer")

@@ -4,10 +4,13 @@ HTTP on every IPv4 address, as prometheus_client's server was, from one daemon t
 Whatever reaches the pod may connect, and the user's program shares this process (its CPU, its
 GIL), so what connections may cost is bounded:
 - MAX_CONNECTIONS open at once, all served by one thread through a selector: no thread per
-  connection. A connection past the bound closes the oldest one still waiting for its request's
-  head (a flood of silent connections then holds no place for long, and a scraper, which sends
-  its request as it connects, is read before the next accepts: see ACCEPTS_AT_ONCE), or is
-  closed at once when every one is past its head;
+  connection; MAX_PER_SOURCE of them per source address (a scraper opens one a scrape), a
+  connection over its source's count closed at once. A connection past the total closes the
+  oldest one still waiting for its request's head of the source that holds the most (a flood
+  of silent connections then holds no place for long and takes none from a scraper elsewhere,
+  however slowly its request comes; a scraper, which sends its request as it connects, is read
+  before the next accepts: see ACCEPTS_AT_ONCE), or is closed at once when every one is past
+  its head;
 - REQUEST_TIMEOUT_S for the request's head, MAX_HEAD bytes at most (answered 431 past that);
   WRITE_TIMEOUT_S for the answer to be taken; one request per connection;
 - the exposition is rendered at most once per FRESH_S (or RENDER_SHARE_INVERSE times what the
@@ -21,6 +24,7 @@ library only: `render` brings the exposition.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gzip
 import logging
@@ -35,6 +39,8 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 8
+# Half the places: a flood from one address leaves the other half to every other.
+MAX_PER_SOURCE = MAX_CONNECTIONS // 2
 # Accepted per turn of the loop, after the connections ready were served. Each may close the
 # oldest still reading, so a connection accepted in one turn outlives the next turn's accepts
 # (when no answer is stuck in a slow reader's socket) and its head, arrived by then, is read.
@@ -89,13 +95,14 @@ class _Exposition:
 
 
 class _Connection:
-    """One connection: what came of its head until it is complete, then what is left to send of
-    its answer; when it is closed unless done."""
+    """One connection: its source address, what came of its head until it is complete, then
+    what is left to send of its answer; when it is closed unless done."""
 
-    __slots__ = ("sock", "head", "answer", "deadline")
+    __slots__ = ("sock", "source", "head", "answer", "deadline")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, source: str) -> None:
         self.sock = sock
+        self.source = source
         self.head = bytearray()
         self.answer: memoryview | None = None
         self.deadline = time.monotonic() + REQUEST_TIMEOUT_S
@@ -107,8 +114,9 @@ class _Server:
         self._exposition = exposition
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ)
-        # Oldest first.
+        # Oldest first; and how many each source address holds.
         self._open: dict[_Connection, None] = {}
+        self._held: collections.Counter[str] = collections.Counter()
 
     def run(self) -> None:
         while True:
@@ -127,7 +135,7 @@ class _Server:
     def _accept(self) -> None:
         for _ in range(ACCEPTS_AT_ONCE):
             try:
-                sock, _ = self._listener.accept()
+                sock, address = self._listener.accept()
             except BlockingIOError:
                 return
             except ConnectionError:
@@ -135,16 +143,31 @@ class _Server:
             except OSError:
                 time.sleep(ACCEPT_PAUSE_S)
                 return
+            source = address[0]
+            if self._held[source] >= MAX_PER_SOURCE:
+                _reset(sock)
+                continue
             if len(self._open) >= MAX_CONNECTIONS:
-                reading = next((connection for connection in self._open if connection.answer is None), None)
+                reading = self._evictable()
                 if reading is None:
                     _reset(sock)
                     continue
                 self._close(reading, reset=True)
             sock.setblocking(False)
-            connection = _Connection(sock)
+            connection = _Connection(sock, source)
             self._open[connection] = None
+            self._held[source] += 1
             self._selector.register(sock, selectors.EVENT_READ, connection)
+
+    def _evictable(self) -> _Connection | None:
+        """The oldest connection still reading its head of the source that holds the most of
+        those (None: every one is past its head)."""
+        reading = [connection for connection in self._open if connection.answer is None]
+        if not reading:
+            return None
+        most = collections.Counter(connection.source for connection in reading)
+        top = max(most.values())
+        return next(connection for connection in reading if most[connection.source] == top)
 
     def _step(self, connection: _Connection) -> None:
         try:
@@ -203,6 +226,9 @@ class _Server:
 
     def _close(self, connection: _Connection, reset: bool) -> None:
         del self._open[connection]
+        self._held[connection.source] -= 1
+        if not self._held[connection.source]:
+            del self._held[connection.source]
         self._selector.unregister(connection.sock)
         if reset:
             _reset(connection.sock)
