@@ -48,6 +48,10 @@ from tests.support.webhook_support import ca_bundle, serve_from_this_host, wait_
 pytestmark = pytest.mark.kube
 
 WEBHOOK = "spec.multiworld.io"
+# A spec and a status that leave the object within the API server's limit (1.5 MiB), with
+# kubectl's copy of the spec in an annotation (at most 256 KiB in all).
+SPEC_PADDING_BYTES = 120_000
+STATUS_JUNK_BYTES = 1_000_000
 
 
 def four_mistakes() -> dict[str, Any]:
@@ -282,3 +286,26 @@ def test_operator_flags_serve_the_webhook_only_when_given(
         cli.main(["operator", "--metrics-port", "0"])
     assert refused.value.code == 2
     assert "--metrics-port: must be a port between 1 and 65535, got 0" in capsys.readouterr().err
+
+
+def test_an_update_of_a_multiworld_as_large_as_the_api_server_stores_is_admitted(
+    kube_cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
+    """The API server sends an update's review with the object twice (as it is and as it was):
+    a MultiWorld of a large spec whose status fills the object's room (anyone with `update` on
+    multiworlds/status may write it; the largest accepted spec's own status is 745 KiB) makes
+    a review of about 2.5 MiB. A label on it is admitted (the spec unchanged), and so is an
+    edit of its spec."""
+    manifest = two_worlds("large")
+    manifest["spec"]["template"]["metadata"] = {"annotations": {"padding": "x" * SPEC_PADDING_BYTES}}
+    with release(kube_cluster, namespace, "Fail", tmp_path) as mw, mw.operator():
+        admitted = mw.apply(manifest)
+        assert admitted.returncode == 0, admitted.stderr
+        custom = client.CustomObjectsApi(mw.api)
+        junk = {"junk": "y" * STATUS_JUNK_BYTES}
+        custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, "large", {"status": junk})
+        labelled = mw.kubectl("label", "mw", "large", "a=b")
+        assert labelled.returncode == 0, labelled.stderr
+        manifest["spec"]["worlds"][1]["failurePolicy"] = {"maxRestarts": 3}
+        edited = mw.apply(manifest)
+        assert edited.returncode == 0, edited.stderr

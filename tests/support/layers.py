@@ -157,6 +157,7 @@ LAYERS: tuple[Layer, ...] = (
                 ("cryptography",),
                 allowed_in=_op("kube.admission.certificate"),
             ),
+            Rule("aiohttp outside `admission/serving`", ("aiohttp",), allowed_in=_op("kube.admission.serving")),
         ),
     ),
     Layer(

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import ssl
 import tempfile
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar, cast
@@ -29,6 +28,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from multiworld_operator.kube.admission.certificate import SYNC_S, CertificatePair, Certificates, CertificateSecret
+from multiworld_operator.kube.admission.serving import AdmissionSite
 from multiworld_operator.kube.client.api import api_client
 from multiworld_operator.kube.client.api_basics import REQUEST_TIMEOUT_S, Backoff
 
@@ -50,22 +50,6 @@ def load_pair(context: ssl.SSLContext, pair: CertificatePair) -> None:
         certfile.write_bytes(pair[0])
         keyfile.write_bytes(pair[1])
         context.load_cert_chain(certfile, keyfile)
-
-
-class _Server(kopf.WebhookServer):
-    """kopf's webhook server with the certificate it is given: kopf's own self-signed one needs
-    certbuilder, whose oscrypto cannot read the version of OpenSSL 3.0.10 and later."""
-
-    def __init__(self, pair: CertificatePair, *, port: int, host: str, context: ssl.SSLContext) -> None:
-        super().__init__(port=port, host=host, context=context)
-        self._pair = pair
-
-    # kopf calls it on the server (self.build_certificate) when it has no certificate files; a
-    # static method there, as it makes one from nothing.
-    def build_certificate(  # type: ignore[override]
-        self, hostnames: Collection[str], password: str | None = None
-    ) -> CertificatePair:
-        return self._pair
 
 
 class CaBundle:
@@ -164,14 +148,13 @@ class AdmissionServer:
         if await self.bundle.publish(held.bundle):
             await asyncio.sleep(SETTLE_S)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        server = _Server(held.serving, port=self.port, host=self.secret.hostnames[0], context=context)
+        load_pair(context, held.serving)
+        site = AdmissionSite(fn, context)
+        port = await site.start("", self.port)
         self.served.serve(held.serving)
-        # An async generator (kopf types it as an iterator): closed with this one, it stops serving.
-        serving = cast("AsyncGenerator[kopf.WebhookClientConfig, None]", server(fn))
-        async with contextlib.aclosing(serving) as configs:
-            # Serving from here on. kopf's server yields again only when its certificate files
-            # change, and it has none: what the Secret serves next goes into its SSL context.
-            yield await anext(configs)
+        try:
+            # Serving from here on; what the Secret serves next goes into the SSL context.
+            yield kopf.WebhookClientConfig(url=f"https://{self.secret.hostnames[0]}:{port}")
             while True:
                 await asyncio.sleep(SYNC_S)
                 fresh = await self._sync(owner)
@@ -181,6 +164,8 @@ class AdmissionServer:
                     load_pair(context, fresh.serving)
                     self.served.serve(fresh.serving)
                 held = fresh
+        finally:
+            await site.close()
 
     async def _sync(self, owner: client.V1OwnerReference) -> Certificates:
         """The Secret's certificates, retried until the API server answers."""

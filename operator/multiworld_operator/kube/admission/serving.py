@@ -1,0 +1,254 @@
+"""The webhook's HTTPS endpoint: kopf's admission function (`fn`) served by aiohttp on the
+operator's event loop, from a listener of its own, bounded, as anything in the cluster can
+reach the webhook's Service and the loop is the one every MultiWorld's reconcile runs on:
+- a request's body of MAX_REVIEW_BYTES at most: the API server sends an update's object twice
+  (as it is and as it was), each up to its object limit (1.5 MiB in etcd). kopf's own server
+  took 1 MiB, and refused (413) every update of a large MultiWorld, a label or the operator's
+  own patches included;
+- MAX_CONNECTIONS open at once. Past them, a connection that has not sent its whole request
+  yet is closed for the newcomer: the oldest of the source holding the most of those (a
+  flood's: the API server sends its request as it connects), or the newcomer when every one
+  is past its request;
+- REQUEST_TIMEOUT_S for the TLS handshake and the whole request, closed past it; one request
+  a connection (answered `Connection: close`), so that no connection is held between requests;
+- ACCEPTS_AT_ONCE accepts a turn of the loop, which serves the rest between them.
+Past a bound the connection is closed with a reset, said in the log once a minute per source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import json
+import logging
+import socket
+import ssl
+import struct
+from typing import cast
+
+import kopf
+from aiohttp import web
+
+from multiworld_operator.channel_server import QuietLog
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+# An update's review: the object twice, each at most 1.5 MiB, and the review's own fields.
+MAX_REVIEW_BYTES = 4 * MIB
+# Each holds at most its request (aiohttp reads the body only for a request it serves).
+MAX_CONNECTIONS = 32
+REQUEST_TIMEOUT_S = 10.0
+ACCEPTS_AT_ONCE = 16
+# How long the listener rests after an accept failed for want of resources (file descriptors).
+ACCEPT_PAUSE_S = 0.1
+BACKLOG = 1024
+
+
+class _Connection:
+    """One accepted connection: its socket and source, the transport once its TLS handshake
+    is done (only it may close the socket from then on), whether its request came whole, and
+    the timer of its deadline."""
+
+    __slots__ = ("sock", "source", "transport", "heard", "deadline", "task", "handed")
+
+    def __init__(self, sock: socket.socket, source: str) -> None:
+        self.sock, self.source = sock, source
+        self.transport: asyncio.Transport | None = None
+        self.heard = False
+        self.deadline: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+        # Handed to asyncio, which closes the socket from then on (a task cancelled before it
+        # began never did).
+        self.handed = False
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        elif self.task is not None:
+            self.task.cancel()  # in its handshake: the transport being made closes the socket
+
+
+class _Tracked(asyncio.Protocol):
+    """aiohttp's protocol for one connection, told to the site as it is made and lost."""
+
+    def __init__(self, inner: asyncio.Protocol, site: AdmissionSite, connection: _Connection) -> None:
+        self._inner, self._site, self._connection = inner, site, connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._site.made(self._connection, cast(asyncio.Transport, transport))
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._site.left(self._connection)
+        self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+class AdmissionSite:
+    """Serves `fn` at POST /{webhook id} over TLS with `context` (whose certificate may change
+    between connections), once `start`ed, until `close`d."""
+
+    def __init__(self, fn: kopf.WebhookFn, context: ssl.SSLContext) -> None:
+        self._fn, self._context = fn, context
+        self._open: dict[_Connection, None] = {}  # oldest first
+        self._by_transport: dict[asyncio.BaseTransport, _Connection] = {}
+        self._listener: socket.socket | None = None
+        self._runner: web.AppRunner | None = None
+        self._warn = QuietLog("webhook", log).warn
+
+    @property
+    def connections(self) -> int:
+        return len(self._open)
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on `host`:`port` (host "": every address, IPv6 too where the machine has it;
+        port 0: a free one); the port listened on."""
+        app = web.Application(client_max_size=MAX_REVIEW_BYTES)
+        app.add_routes([web.post("/{id:.*}", self._serve)])
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        if not host and socket.has_dualstack_ipv6():
+            listener = socket.create_server(("::", port), family=socket.AF_INET6, backlog=BACKLOG, dualstack_ipv6=True)
+        else:
+            listener = socket.create_server((host, port), backlog=BACKLOG)
+        listener.setblocking(False)
+        self._listener = listener
+        asyncio.get_running_loop().add_reader(listener.fileno(), self._accept)
+        return int(listener.getsockname()[1])
+
+    async def close(self) -> None:
+        """Stop listening and close every connection."""
+        if self._listener is not None:
+            asyncio.get_running_loop().remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+        for connection in list(self._open):
+            connection.abort()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def _accept(self) -> None:
+        assert self._listener is not None and self._runner is not None
+        loop = asyncio.get_running_loop()
+        for _ in range(ACCEPTS_AT_ONCE):
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:
+                self._warn(("accept",), "cannot accept a connection: %s", error)
+                fileno = self._listener.fileno()
+                loop.remove_reader(fileno)
+                loop.call_later(ACCEPT_PAUSE_S, loop.add_reader, fileno, self._accept)
+                return
+            connection = _Connection(sock, str(address[0]))
+            if len(self._open) >= MAX_CONNECTIONS:
+                victim = self._evictable()
+                if victim is None:
+                    self._warn(("busy",), "%d connections are past their request; closed a new one", MAX_CONNECTIONS)
+                    _reset(sock)
+                    continue
+                self._warn(("full", victim.source), "%s holds the most unfinished requests; closed one", victim.source)
+                self.left(victim)
+                victim.abort()
+            sock.setblocking(False)
+            self._open[connection] = None
+            connection.deadline = loop.call_later(REQUEST_TIMEOUT_S, self._expire, connection)
+            connection.task = loop.create_task(self._handshake(connection))
+            connection.task.add_done_callback(functools.partial(self._handshaken, connection))
+
+    async def _handshake(self, connection: _Connection) -> None:
+        """The TLS handshake, then aiohttp's protocol serves the connection."""
+        assert self._runner is not None and self._runner.server is not None
+        server = self._runner.server
+        connection.handed = True
+        await asyncio.get_running_loop().connect_accepted_socket(
+            lambda: _Tracked(server(), self, connection),
+            connection.sock,
+            ssl=self._context,
+            ssl_handshake_timeout=REQUEST_TIMEOUT_S,
+        )
+
+    def _evictable(self) -> _Connection | None:
+        """The oldest connection whose request is not whole yet, of the source that holds the
+        most of those (None: every one is past its request)."""
+        unheard = [connection for connection in self._open if not connection.heard]
+        if not unheard:
+            return None
+        most = collections.Counter(connection.source for connection in unheard)
+        top = max(most.values())
+        return next(connection for connection in unheard if most[connection.source] == top)
+
+    def _handshaken(self, connection: _Connection, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            # Not TLS, too slow, or closed for another: asyncio closed what it was handed.
+            self.left(connection)
+            if not connection.handed:
+                _reset(connection.sock)
+
+    def _expire(self, connection: _Connection) -> None:
+        if connection in self._open and not connection.heard:
+            self._warn(
+                ("slow", connection.source),
+                "%s sent no whole request within %.0f s; closed",
+                connection.source,
+                REQUEST_TIMEOUT_S,
+            )
+            self.left(connection)
+            connection.abort()
+
+    def made(self, connection: _Connection, transport: asyncio.Transport) -> None:
+        connection.transport = transport
+        self._by_transport[transport] = connection
+
+    def left(self, connection: _Connection) -> None:
+        """It closes, or is closed: it counts no more."""
+        self._open.pop(connection, None)
+        if connection.transport is not None:
+            self._by_transport.pop(connection.transport, None)
+        if connection.deadline is not None:
+            connection.deadline.cancel()
+
+    async def _serve(self, request: web.Request) -> web.Response:
+        connection = self._by_transport.get(request.transport) if request.transport is not None else None
+        if connection is None:
+            raise web.HTTPServiceUnavailable(reason="the connection was closed")
+        body = await request.read()  # within the connection's deadline, MAX_REVIEW_BYTES at most
+        connection.heard = True
+        if connection.deadline is not None:
+            connection.deadline.cancel()
+        try:
+            review = json.loads(body)
+            sslpeer = request.transport.get_extra_info("peercert") if request.transport is not None else None
+            answer = await self._fn(
+                review, webhook=request.match_info["id"], headers=dict(request.headers), sslpeer=sslpeer
+            )
+        except Exception as error:  # a review that is not one (kopf says what is missing)
+            self._warn(("bad", connection.source), "%s sent a request that is no review: %s", connection.source, error)
+            response = web.json_response({"error": str(error)}, status=400)
+        else:
+            response = web.json_response(answer)
+        response.force_close()
+        return response
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a reset: nothing of a flood's connections lingers in the kernel."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
