@@ -5,13 +5,16 @@ reach the webhook's Service and the loop is the one every MultiWorld's reconcile
   (as it is and as it was), each up to its object limit (1.5 MiB in etcd). kopf's own server
   took 1 MiB, and refused (413) every update of a large MultiWorld, a label or the operator's
   own patches included;
-- MAX_CONNECTIONS open at once. Past them, a connection that has not sent its whole request
-  yet is closed for the newcomer: the oldest of the source holding the most of those (a
-  flood's: the API server sends its request as it connects), or the newcomer when every one
-  is past its request;
-- REQUEST_TIMEOUT_S for the TLS handshake and the whole request, closed past it; one request
-  a connection (answered `Connection: close`), so that no connection is held between requests;
+- MAX_CONNECTIONS open at once. Past them, a connection whose request is not being answered
+  (in its handshake, sending a request, or kept alive between requests) is closed for the
+  newcomer: the oldest of the source holding the most of those (a flood's: the API server
+  sends its request as it connects), or the newcomer when every one is being answered;
+- REQUEST_TIMEOUT_S for the TLS handshake and the first whole request, closed past it; a
+  connection kept alive between requests (the API server's, which reuses them: a new one to a
+  replica that is stopping may meet its closed port before the Service has let it go) goes
+  after aiohttp's keep-alive timeout;
 - ACCEPTS_AT_ONCE accepts a turn of the loop, which serves the rest between them.
+Its owner (tls.AdmissionServer) has it go on serving for a few seconds once the replica stops.
 Past a bound the connection is closed with a reset, said in the log once a minute per source.
 """
 
@@ -49,15 +52,17 @@ BACKLOG = 1024
 
 class _Connection:
     """One accepted connection: its socket and source, the transport once its TLS handshake
-    is done (only it may close the socket from then on), whether its request came whole, and
-    the timer of its deadline."""
+    is done (only it may close the socket from then on), whether a request of it came whole
+    (`served`) and one is being answered (`busy`), and the timer of its first request's
+    deadline."""
 
-    __slots__ = ("sock", "source", "transport", "heard", "deadline", "task", "handed")
+    __slots__ = ("sock", "source", "transport", "served", "busy", "deadline", "task", "handed")
 
     def __init__(self, sock: socket.socket, source: str) -> None:
         self.sock, self.source = sock, source
         self.transport: asyncio.Transport | None = None
-        self.heard = False
+        self.served = False
+        self.busy = False
         self.deadline: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None
         # Handed to asyncio, which closes the socket from then on (a task cancelled before it
@@ -130,8 +135,9 @@ class AdmissionSite:
         asyncio.get_running_loop().add_reader(listener.fileno(), self._accept)
         return int(listener.getsockname()[1])
 
-    async def close(self) -> None:
-        """Stop listening and close every connection."""
+    async def close(self, drain_s: float = 0.0) -> None:
+        """Stop listening and close every connection, after serving `drain_s` more seconds."""
+        await asyncio.sleep(drain_s)
         if self._listener is not None:
             asyncio.get_running_loop().remove_reader(self._listener.fileno())
             self._listener.close()
@@ -160,10 +166,10 @@ class AdmissionSite:
             if len(self._open) >= MAX_CONNECTIONS:
                 victim = self._evictable()
                 if victim is None:
-                    self._warn(("busy",), "%d connections are past their request; closed a new one", MAX_CONNECTIONS)
+                    self._warn(("busy",), "%d connections are being answered; closed a new one", MAX_CONNECTIONS)
                     _reset(sock)
                     continue
-                self._warn(("full", victim.source), "%s holds the most unfinished requests; closed one", victim.source)
+                self._warn(("full", victim.source), "%s holds the most idle connections; closed one", victim.source)
                 self.left(victim)
                 victim.abort()
             sock.setblocking(False)
@@ -185,14 +191,14 @@ class AdmissionSite:
         )
 
     def _evictable(self) -> _Connection | None:
-        """The oldest connection whose request is not whole yet, of the source that holds the
-        most of those (None: every one is past its request)."""
-        unheard = [connection for connection in self._open if not connection.heard]
-        if not unheard:
+        """The oldest connection whose request is not being answered, of the source that holds
+        the most of those (None: every one is being answered)."""
+        idle = [connection for connection in self._open if not connection.busy]
+        if not idle:
             return None
-        most = collections.Counter(connection.source for connection in unheard)
+        most = collections.Counter(connection.source for connection in idle)
         top = max(most.values())
-        return next(connection for connection in unheard if most[connection.source] == top)
+        return next(connection for connection in idle if most[connection.source] == top)
 
     def _handshaken(self, connection: _Connection, task: asyncio.Task[None]) -> None:
         if task.cancelled() or task.exception() is not None:
@@ -202,7 +208,7 @@ class AdmissionSite:
                 _reset(connection.sock)
 
     def _expire(self, connection: _Connection) -> None:
-        if connection in self._open and not connection.heard:
+        if connection in self._open and not connection.served:
             self._warn(
                 ("slow", connection.source),
                 "%s sent no whole request within %.0f s; closed",
@@ -228,8 +234,8 @@ class AdmissionSite:
         connection = self._by_transport.get(request.transport) if request.transport is not None else None
         if connection is None:
             raise web.HTTPServiceUnavailable(reason="the connection was closed")
-        body = await request.read()  # within the connection's deadline, MAX_REVIEW_BYTES at most
-        connection.heard = True
+        body = await request.read()  # within the first request's deadline, MAX_REVIEW_BYTES at most
+        connection.served = connection.busy = True
         if connection.deadline is not None:
             connection.deadline.cancel()
         try:
@@ -243,7 +249,8 @@ class AdmissionSite:
             response = web.json_response({"error": str(error)}, status=400)
         else:
             response = web.json_response(answer)
-        response.force_close()
+        finally:
+            connection.busy = False
         return response
 
 

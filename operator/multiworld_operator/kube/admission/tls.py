@@ -40,6 +40,8 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 # How long a replica that changed the bundle waits before it listens (the API server follows
 # webhook configurations through a watch: moments).
 SETTLE_S = 2.0
+# How long a replica that stops goes on answering (see AdmissionServer).
+DRAIN_S = 5.0
 
 
 def load_pair(context: ssl.SSLContext, pair: CertificatePair) -> None:
@@ -165,7 +167,9 @@ class AdmissionServer:
                     self.served.serve(fresh.serving)
                 held = fresh
         finally:
-            await site.close()
+            # A replica that stops is let go by its Service a moment later (the endpoints, then
+            # every node's proxy): until then the API server's new connections still come here.
+            await site.close(DRAIN_S)
 
     async def _sync(self, owner: client.V1OwnerReference) -> Certificates:
         """The Secret's certificates, retried until the API server answers."""
