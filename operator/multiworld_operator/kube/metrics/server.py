@@ -27,12 +27,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextlib
 import gzip
 import logging
 import socket
 import ssl
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +38,7 @@ from datetime import UTC, datetime
 
 from multiworld_operator.channel_server import QuietLog
 from multiworld_operator.kube.admission.certificate import CertificatePair, self_signed
+from multiworld_operator.kube.admission.serving import reset
 from multiworld_operator.kube.admission.tls import load_pair
 from multiworld_operator.kube.metrics.access import METRICS_PATH, MetricsAccess, Verdict
 
@@ -114,7 +113,7 @@ class _Connection:
         """Closed now; its task, cancelled, lets go of what it holds (a cancellation that came
         as what it awaited ended may be lost: the transport's abort ends that wait too)."""
         if self.task is None:
-            _reset(self.sock)
+            reset(self.sock)
             return
         self.task.cancel()
         if self.transport is not None:
@@ -125,14 +124,7 @@ class _Connection:
         if self.transport is not None:
             self.transport.abort()
         else:
-            _reset(self.sock)
-
-
-def _reset(sock: socket.socket) -> None:
-    """Close with a reset: nothing of it lingers here (no TIME_WAIT for a flood's connections)."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
+            reset(self.sock)
 
 
 class _Connections:
@@ -307,7 +299,7 @@ class MetricsServer:
             why = self._connections.admit(connection)
             if why:
                 self._warn(("busy", connection.source), "%s %s; closed a new one", connection.source, why)
-                _reset(sock)
+                reset(sock)
                 continue
             sock.setblocking(False)
             task = asyncio.get_running_loop().create_task(self._serve(connection))
