@@ -31,12 +31,7 @@ from tests.support.worker_support import TEST_DETECT, free_ports
 PROGRAM = ["-m", "tests.worker.pymultiworld_program"]
 SIZE = 3
 LENGTH = 3
-# The programs of a topology start at once (five or six importing torch on two cores) and a world
-# formed first is judged while the others still start: beside other load, a process there went
-# unheard for 2 s (TEST_DETECT's dead_after) in 2 of 15 runs, a false verdict that broke a world
-# no test had touched. A hung peer is judged after this long here.
-PROGRAM_DEAD_AFTER = 1.5 * TEST_DETECT["dead_after"]
-ENV = {"MULTIWORLD_DEAD_AFTER": str(PROGRAM_DEAD_AFTER), "MULTIWORLD_OP_TIMEOUT": "600"}
+ENV = {"MULTIWORLD_DEAD_AFTER": str(TEST_DETECT["dead_after"]), "MULTIWORLD_OP_TIMEOUT": "600"}
 
 
 def launch(spawn, worldinfo: list[str], ports: list[int], *flags: str, names: dict[int, str] | None = None):

@@ -49,14 +49,13 @@ from multiworld.detect.verdicts import Verdict, abort_key, epoch_key
 from multiworld.errors import StoreLost, short
 from multiworld.log_context import WorldLog
 from multiworld.shutdown import start_thread
+from multiworld.world import store_server
 
 log = logging.getLogger(__name__)
 
 # Each world's store is asked for its newest epoch once per this many dead_afters: a backstop
 # (a member that moves on to a newer epoch closes the older one with a verdict), so rarely.
 EPOCH_CHECK_DEAD_AFTERS = 5.0
-# Where a host's own client reaches its beat store (the server listens on every interface).
-LOOPBACK = "127.0.0.1"
 
 
 class HeartbeatStore(Protocol):
@@ -467,15 +466,16 @@ class Detector(_Owner):
 
     # -- what a join calls -----------------------------------------------------------------
 
-    def announce(self, hosting: bool) -> dict[str, object]:
+    def announce(self, host: str | None) -> dict[str, object]:
         """What this process tells the other members at a rendezvous: its token, and where its
-        beat store listens when it hosts the world (served from now on)."""
-        if not hosting:
+        beat store listens when it hosts the world (served from now on), which its members
+        reach at `host` (None: it does not host the world)."""
+        if host is None:
             return {"beat": self.token}
         with self._lock:
             self._closed = False
             if self._server is None:
-                self._serve()
+                self._serve(host)
             return {"beat": self.token, "beat_port": self._server.port}
 
     def connect_link(self, host: str, rank0: Mapping[str, object], timeout: float) -> None:
@@ -600,10 +600,8 @@ class Detector(_Owner):
 
     # -- the detector's own thread -------------------------------------------------------------
 
-    def _serve(self) -> None:
-        from torch.distributed import TCPStore
-
-        server = TCPStore(LOOPBACK, 0, None, True, timedelta(seconds=60), wait_for_workers=False)
+    def _serve(self, host: str) -> None:
+        server = store_server.serve(host, 0)
         beats = self._counted(server, self._load.beat_stores, self.token)
         beats.add(beat_key(self.token), 0)
         beats.add(news_key(self.token), 0)

@@ -215,7 +215,11 @@ def form_world(
         )
 
     store = client()
-    beat = detector.announce(hosting=a.rank == 0) if config.heartbeat else None
+    # The build watch's client is connected before the rendezvous: a connect can wait on a
+    # reverse lookup (store_server.py), and once past the rendezvous the others judge this
+    # member's silence.
+    watch_store = client() if config.heartbeat else None
+    beat = detector.announce(a.host if a.rank == 0 else None) if config.heartbeat else None
     members = Rendezvous(store, a, pod=pod, deadline=deadline, cancelled=cancelled, beat=beat).run()
     linked = config.heartbeat and a.rank != 0
 
@@ -242,9 +246,9 @@ def form_world(
         driver.abort([pg])
 
     try:
-        if config.heartbeat:
+        if watch_store is not None:
             pods = [str(m.get("pod") or "") for m in members]
-            pg = BuildWatch(client(), a, pods, config, cancelled).run(build, discard)
+            pg = BuildWatch(watch_store, a, pods, config, cancelled).run(build, discard)
         else:
             pg = build()
     except RuntimeError as exc:  # the backend's own failure (a timeout, a peer that refused)

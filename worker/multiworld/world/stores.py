@@ -18,6 +18,8 @@ from torch.distributed import TCPStore
 
 from multiworld.errors import JoinCancelled, JoinTimedOut, StoreLost, WorldJoinError
 from multiworld.log_context import WorldLog
+from multiworld.world import store_server
+from multiworld.world.store_server import LOOPBACK
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +27,15 @@ log = logging.getLogger(__name__)
 _PROBE_TIMEOUT = 0.5
 _PROBE_INTERVAL = 0.05
 
-LOOPBACK = "127.0.0.1"
-
 _servers: dict[int, tuple[str, TCPStore]] = {}
 # How often each port's store was asked for (see stop_serving).
 _asked: dict[int, int] = {}
 _servers_lock = threading.Lock()
 
 
-def serve(world: str, port: int) -> None:
-    """Make sure this process serves the store of `world` on `port` (every interface)."""
+def serve(world: str, host: str, port: int) -> None:
+    """Make sure this process serves the store of `world` on `port` (every interface), whose
+    members reach it at `host`."""
     with _servers_lock:
         _asked[port] = _asked.get(port, 0) + 1
         held = _servers.get(port)
@@ -46,8 +47,7 @@ def serve(world: str, port: int) -> None:
                 )
             return
         try:
-            # The server listens on every interface; `host` is only where its own client connects.
-            server = TCPStore(LOOPBACK, port, None, True, timedelta(seconds=60), wait_for_workers=False)
+            server = store_server.serve(host, port)
         except Exception as exc:
             raise WorldJoinError(f"cannot serve the store of world {world!r} on port {port}: {exc}") from exc
         _servers[port] = (world, server)
@@ -82,7 +82,7 @@ def open_client(
     every interface and reaches it over loopback, so it never waits for its own name to resolve
     (a new pod's DNS record can lag)."""
     if rank == 0:
-        serve(world, port)
+        serve(world, host, port)
     return connect(
         world, LOOPBACK if rank == 0 else host, port, deadline=deadline, cancelled=cancelled, wait_timeout=wait_timeout
     )

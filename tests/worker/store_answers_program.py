@@ -1,0 +1,57 @@
+"""Run inside a network namespace whose only nameserver never answers (test_store_server.py):
+serve a store as `multiworld` does (`ours`) or as torch does by default (`torch`), connect one
+client, then open and close plain connections to the store while that client adds to a key.
+Prints one JSON line: the longest add, and how long one reverse lookup of a loopback peer
+took here (the premise: it waits for the resolver)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from datetime import timedelta
+
+from torch.distributed import TCPStore
+
+from multiworld.world import store_server
+
+CHURN_S = 4.0
+TIMEOUT = timedelta(seconds=30)
+
+
+def main(mode: str) -> None:
+    if mode == "ours":
+        server = store_server.serve(store_server.LOOPBACK, 0)
+    else:
+        server = TCPStore(store_server.LOOPBACK, 0, None, True, TIMEOUT, wait_for_workers=False)
+    port = server.port
+    client = TCPStore(store_server.LOOPBACK, port, None, False, TIMEOUT)
+    started = time.monotonic()
+    try:
+        socket.getnameinfo(("::ffff:127.0.0.1", port, 0, 0), socket.NI_NUMERICSERV)
+    except OSError:
+        pass
+    lookup = time.monotonic() - started
+
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            socket.create_connection((store_server.LOOPBACK, port)).close()
+            stop.wait(0.05)
+
+    threading.Thread(target=churn, daemon=True).start()
+    worst, end = 0.0, time.monotonic() + CHURN_S
+    while time.monotonic() < end:
+        sent = time.monotonic()
+        client.add("beat", 1)
+        worst = max(worst, time.monotonic() - sent)
+        time.sleep(0.01)
+    stop.set()
+    print(json.dumps({"worst_add_s": worst, "lookup_s": lookup}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
