@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -84,15 +85,16 @@ def get(port: int, path: str = "/metrics", headers: str = "") -> tuple[int, dict
 
 
 def closed_within(sock: socket.socket, timeout: float) -> bool:
-    """Whether the server closes `sock` (a reset counts) within `timeout`, having sent nothing
-    (any server: the operator's metrics server's tests use it too)."""
+    """Whether the server closes `sock` (a reset counts, and on a TLS socket its session cut
+    off) within `timeout`, having sent nothing (any server: the operator's metrics server's and
+    the webhook's tests use it too)."""
     sock.settimeout(timeout)
     try:
         return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
     except TimeoutError:
         return False
+    except (ConnectionResetError, ssl.SSLError):
+        return True
 
 
 if __name__ == "__main__":
