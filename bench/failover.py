@@ -41,9 +41,10 @@ the members inside one group, not from groups of their own). Each phase:
 The load processes' CPU (user + system time from /proc/<pid>/stat, from the moment all were
 busy to the phase's end) says how many cores they took; the machine's load average says what
 else ran. Joins are counted apart because a store's server (torch's TCPStore) looks up the
-name of every client that connects, on the thread that serves all its clients: with a slow DNS
-server (where these figures were first taken, one lookup in a hundred took 5 s) the store
-answers nobody until the lookup ends, and its peers hear silence. Detection settings come from
+name of every client that connects, on the thread that serves all its clients: where that
+lookup goes to a slow DNS server, the store answers nobody until it ends and its peers hear
+silence (world/store_server.py keeps the lookups of loopback peers in /etc/hosts; before, one in
+fifty took 5 s on the machine these figures were first taken on). Detection settings come from
 the MULTIWORLD_* environment (defaults as shipped).
 """
 
