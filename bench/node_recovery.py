@@ -110,7 +110,7 @@ TOP_LEVEL = {"new_pods": "node_recovery_s", "one_spare": "spare_recovery_s", "re
 
 def parse_args(argv: list[str] | None) -> Any:
     p = common.parser(__doc__.splitlines()[0])
-    p.setting("--kills", int, 5, 2, "kills per scenario")
+    p.setting("--kills", int, 5, 1, "kills per scenario")
     p.add_argument("--cluster", type=Path, help="a running cluster's folder (with a node) instead of a new one")
     args = p.parse_args(argv)
     args.sizes = QUICK_SIZES if args.quick else SIZES
