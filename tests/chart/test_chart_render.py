@@ -137,6 +137,31 @@ def test_namespaced_mode_grants_a_role_per_namespace_and_only_kopf_reads_cluster
     assert watched == NAMESPACED["watchNamespaces"]
 
 
+READ = ["get", "list", "watch"]
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+def test_users_get_multiworlds_through_the_built_in_admin_edit_and_view_roles(
+    render: Callable[..., Rendered],
+) -> None:
+    """`edit` and `admin` may do all a user does with MultiWorlds, `view` may read them, and none
+    may write a status (the operator's); with userRoles.aggregate false, nothing is aggregated."""
+    rendered = render()
+    edit = rendered.one("ClusterRole", f"{FULLNAME}-edit")
+    assert {k for k, v in edit["metadata"]["labels"].items() if k.startswith(AGGREGATE) and v == "true"} == {
+        AGGREGATE + "admin",
+        AGGREGATE + "edit",
+    }
+    assert granted(edit) == grants(
+        "multiworld.io", ["multiworlds"], ["create", "delete", "deletecollection", "patch", "update", *READ]
+    ) | grants("multiworld.io", ["multiworlds/status"], READ)
+    view = rendered.one("ClusterRole", f"{FULLNAME}-view")
+    assert {k for k in view["metadata"]["labels"] if k.startswith(AGGREGATE)} == {AGGREGATE + "view"}
+    assert granted(view) == grants("multiworld.io", ["multiworlds", "multiworlds/status"], READ)
+    names = {role["metadata"]["name"] for role in render({"userRoles": {"aggregate": False}}).of_kind("ClusterRole")}
+    assert names.isdisjoint({f"{FULLNAME}-edit", f"{FULLNAME}-view"}), names
+
+
 def test_the_worker_channel_is_served_through_a_service(render: Callable[..., Rendered]) -> None:
     rendered = render({"channelPort": 9443})
     service = rendered.one("Service", FULLNAME, RELEASE_NAMESPACE)

@@ -1,6 +1,8 @@
 """`helm install` of charts/multiworld-operator into the test API server, with real Helm
 (helm-python-sdk): the release deploys, its CRD and RBAC exist and the API server's own
-authorizer grants exactly what the operator and the workers need; an upgrade that switches to
+authorizer grants exactly what the operator and the workers need, and users holding the built-in
+`edit` or `view` role in a namespace what those roles mean for its MultiWorlds (the
+controller-manager aggregates the chart's rules into them); an upgrade that switches to
 namespaced RBAC is applied; an uninstall removes everything but the CRD (Helm keeps crds/).
 And the real operator, started as the image starts it and holding only the chart's
 ServiceAccount token, serves an example MultiWorld in both RBAC modes without a refusal, the
@@ -40,6 +42,8 @@ CRD_NAME = "multiworlds.multiworld.io"
 WORKER_SA = "multiworld-worker"
 HELM_TIMEOUT_S = 120
 GONE_TIMEOUT_S = 90.0
+# The controller-manager's ClusterRole aggregation runs as the labelled roles change.
+AGGREGATED_TIMEOUT_S = 30.0
 OPERATOR_TIMEOUT_S = 120.0
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "all_gather" / "multiworld.yaml"
 
@@ -73,6 +77,18 @@ def allowed(
     return bool(client.AuthorizationV1Api(api).create_subject_access_review(review).status.allowed)
 
 
+def bind_built_in_role(api: client.ApiClient, namespace: str, role: str) -> tuple[str, str]:
+    """A ServiceAccount `<role>-user` of `namespace` holding the built-in ClusterRole `role` there."""
+    account = f"{role}-user"
+    binding = client.V1RoleBinding(
+        metadata=client.V1ObjectMeta(name=account),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name=account, namespace=namespace)],
+    )
+    client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(namespace, binding)
+    return namespace, account
+
+
 def exists(read: Callable[[], Any]) -> bool:
     try:
         read()
@@ -96,6 +112,8 @@ def release_objects(
         f"ClusterRole {fullname}": exists(lambda: rbac.read_cluster_role(fullname)),
         f"ClusterRoleBinding {fullname}": exists(lambda: rbac.read_cluster_role_binding(fullname)),
         f"ClusterRole {fullname}-metrics-reader": exists(lambda: rbac.read_cluster_role(f"{fullname}-metrics-reader")),
+        f"ClusterRole {fullname}-edit": exists(lambda: rbac.read_cluster_role(f"{fullname}-edit")),
+        f"ClusterRole {fullname}-view": exists(lambda: rbac.read_cluster_role(f"{fullname}-view")),
         f"ValidatingWebhookConfiguration {fullname}": exists(
             lambda: client.AdmissionregistrationV1Api(api).read_validating_webhook_configuration(fullname)
         ),
@@ -165,6 +183,25 @@ def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> Non
                 client.CoreV1Api(worker).list_namespaced_config_map(namespace)
             assert forbidden.value.status == 403
 
+        # Users hold MultiWorlds through Kubernetes' own roles, bound in their namespace only.
+        editor, viewer = bind_built_in_role(api, watched, "edit"), bind_built_in_role(api, watched, "view")
+        cluster_module.wait_for(
+            "the controller-manager to aggregate the chart's rules into edit and view",
+            lambda: (
+                allowed(api, editor, "create", "multiworlds", watched, "multiworld.io")
+                and allowed(api, viewer, "watch", "multiworlds", watched, "multiworld.io")
+            ),
+            AGGREGATED_TIMEOUT_S,
+        )
+        for verb in ("delete", "patch", "update", "get", "list"):
+            assert allowed(api, editor, verb, "multiworlds", watched, "multiworld.io"), verb
+        for account in (editor, viewer):
+            assert allowed(api, account, "get", "multiworlds/status", watched, "multiworld.io")
+            assert not allowed(api, account, "patch", "multiworlds/status", watched, "multiworld.io")
+            assert not allowed(api, account, "update", "multiworlds/status", watched, "multiworld.io")
+            assert not allowed(api, account, "get", "multiworlds", namespace, "multiworld.io")
+        assert not allowed(api, viewer, "create", "multiworlds", watched, "multiworld.io")
+
         # Upgrade to namespaced RBAC (the release namespace and one more) with a new log level.
         upgraded = config.upgrade(
             CHART_DIR, release, {"watchNamespaces": [namespace, watched], "logLevel": "DEBUG"}, timeout=HELM_TIMEOUT_S
@@ -193,6 +230,11 @@ def test_install_upgrade_uninstall(kube_cluster: Cluster, namespace: str) -> Non
         )
         with pytest.raises(helm.HelmNotFoundError):
             config.status(release)
+        cluster_module.wait_for(
+            "the built-in edit role to lose the uninstalled release's rules",
+            lambda: not allowed(api, editor, "create", "multiworlds", watched, "multiworld.io"),
+            AGGREGATED_TIMEOUT_S,
+        )
         # Helm never deletes what it installed from crds/: MultiWorlds outlive the operator.
         assert exists(lambda: client.ApiextensionsV1Api(api).read_custom_resource_definition(CRD_NAME))
 
