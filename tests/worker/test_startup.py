@@ -79,7 +79,7 @@ def test_importing_the_library_changes_nothing_in_the_process() -> None:
 def test_detect_config_from_env() -> None:
     assert DetectConfig.from_env({}) == DetectConfig()
     config = DetectConfig.from_env({"MULTIWORLD_HEARTBEAT_INTERVAL": "0.05", "MULTIWORLD_OP_TIMEOUT": " 30 "})
-    assert (config.heartbeat_interval, config.op_timeout, config.dead_after) == (0.05, 30.0, 1.0)
+    assert (config.heartbeat_interval, config.op_timeout, config.dead_after) == (0.05, 30.0, 0.4)
     with pytest.raises(ValueError, match="MULTIWORLD_DEAD_AFTER='soon' is not a number"):
         DetectConfig.from_env({"MULTIWORLD_DEAD_AFTER": "soon"})
     with pytest.raises(ValueError, match="from MULTIWORLD_JOIN_TIMEOUT"):

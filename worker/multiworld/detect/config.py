@@ -39,9 +39,9 @@ class DetectConfig(BaseModel):
     """Detection and timeout settings, in seconds. Defaults: a crashed peer of a busy world is
     seen through the op error (tens of ms); an idle, crashed or frozen peer (or a node that
     lost its power or its network) after `dead_after` of silence and at most a tick more: in
-    about 1.1 s (bench/failover.py). A smaller `dead_after` sees it sooner; docs/figures.md
-    gives what 0.45 s did here, with the cores saturated by other processes and without, and
-    why the default stays 1.0 s."""
+    0.4 to 0.5 s (bench/failover.py). docs/figures.md gives what the default and others did
+    here, with the cores saturated by other processes and without; docs/library.md says when
+    to set it larger."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -50,7 +50,7 @@ class DetectConfig(BaseModel):
     heartbeat_interval: float = Field(default=0.1, gt=0)
     # A peer whose heartbeat has not moved for this long is dead; a store call stuck this long
     # means the store host is gone (measured on the judge's own clock: silence.py).
-    dead_after: float = Field(default=1.0, gt=0)
+    dead_after: float = Field(default=0.4, gt=0)
     # The communicator's own per-op timeout: a backstop for what the heartbeat cannot see.
     op_timeout: float = Field(default=120.0, gt=0)
     # How long a rendezvous waits for all members.
