@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         support.bench_cluster(args.cluster, 2) as cluster,
         tempfile.TemporaryDirectory(prefix="mw-bench-") as scratch,
         cluster.api_client() as api,
+        support.installed_operator(cluster, node=cluster.nodes[0].name) as operator,
     ):
-        operator = support.install_operator(cluster, node=cluster.nodes[0].name)
         kube = KubeNamespace(api, operator.apps)
         # Scenarios interleaved, so that a slow minute of the machine does not land on one alone.
         for index in range(args.trials):

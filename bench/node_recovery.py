@@ -417,9 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         support.bench_cluster(args.cluster, 1) as cluster,
         tempfile.TemporaryDirectory(prefix="mw-bench-") as scratch,
         cluster.api_client() as api,
+        support.installed_operator(cluster) as operator,
     ):
         core = client.CoreV1Api(api)
-        operator = support.install_operator(cluster)
         sizes: dict[int, dict[str, list[Recovery]]] = {}
         with watching_pods(core, operator.apps) as times:
             # The example as committed first: the figures most wanted.

@@ -33,7 +33,7 @@ from tests.support.node_support import (
     Operator,
     applied,
     example_manifest,
-    install_operator,
+    installed_operator,
     kubectl,
     signal_container,
 )
@@ -52,10 +52,10 @@ OPERATOR_METRICS_PORT = 8000
 
 
 @pytest.fixture(scope="module")
-def operator(kube_node: Cluster) -> Operator:
-    installed = install_operator(kube_node)
-    wait_for("the operator's pod Running and Ready", lambda: _ready_operator_pod(kube_node, installed), WAIT_S)
-    return installed
+def operator(kube_node: Cluster) -> Iterator[Operator]:
+    with installed_operator(kube_node) as installed:
+        wait_for("the operator's pod Running and Ready", lambda: _ready_operator_pod(kube_node, installed), WAIT_S)
+        yield installed
 
 
 @pytest.fixture

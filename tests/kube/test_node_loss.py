@@ -27,7 +27,7 @@ from tests.support.node_support import (
     Operator,
     applied,
     example_manifest,
-    install_operator,
+    installed_operator,
 )
 from tests.support.operator_support import KubeNamespace, wait_for
 
@@ -46,21 +46,21 @@ QUIET_AFTER_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def operator(kube_node: Cluster) -> Operator:
+def operator(kube_node: Cluster) -> Iterator[Operator]:
     """The chart's operator, on the first node: the journeys lose another."""
     if len(kube_node.nodes) < 2:
         pytest.fail(f"the session cluster runs {len(kube_node.nodes)} node; node loss needs two", pytrace=False)
-    installed = install_operator(kube_node, node=kube_node.nodes[0].name)
+    with installed_operator(kube_node, node=kube_node.nodes[0].name) as installed:
 
-    def ready() -> bool:
-        with kube_node.api_client() as api:
-            pods = client.CoreV1Api(api).list_namespaced_pod(installed.namespace).items
-        return any(
-            p.status.phase == "Running" and all(s.ready for s in p.status.container_statuses or []) for p in pods
-        )
+        def ready() -> bool:
+            with kube_node.api_client() as api:
+                pods = client.CoreV1Api(api).list_namespaced_pod(installed.namespace).items
+            return any(
+                p.status.phase == "Running" and all(s.ready for s in p.status.container_statuses or []) for p in pods
+            )
 
-    wait_for("the operator's pod Running and Ready", ready, WAIT_S)
-    return installed
+        wait_for("the operator's pod Running and Ready", ready, WAIT_S)
+        yield installed
 
 
 @pytest.fixture

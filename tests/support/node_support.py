@@ -35,19 +35,28 @@ class Operator:
     apps: str
 
 
-def install_operator(cluster: Cluster, node: str | None = None) -> Operator:
+@contextlib.contextmanager
+def installed_operator(cluster: Cluster, node: str | None = None) -> Iterator[Operator]:
     """`helm install` of the chart with the operator image built from our Dockerfile, watching
     only a namespace of its own (where the worker ServiceAccount goes and MultiWorlds are
-    applied), so that a bench's release and the tests' share the node. One replica (with
-    leader election, as the chart runs it): the journeys follow the operator's one pod; a
-    standby's takeover is tested on the control plane (test_leadership.py). With `node`, the
-    operator runs on that node only (a node-loss journey keeps it off the node it loses)."""
+    applied), so that a bench's release and the tests' share the node; at the end `helm
+    uninstall`, and both namespaces deleted with what was left in them (nothing of it runs on
+    in the node through the tests that follow). One replica (with leader election, as the chart
+    runs it): the journeys follow the operator's one pod; a standby's takeover is tested on the
+    control plane (test_leadership.py). With `node`, the operator runs on that node only (a
+    node-loss journey keeps it off the node it loses)."""
     suffix = uuid.uuid4().hex[:6]
     namespace, apps, release = f"multiworld-{suffix}", f"apps-{suffix}", f"mw-{suffix}"
     operator_release.install(
         cluster.kubeconfig, namespace, release, [apps], watch_only_those=True, replicas=1, node=node
     )
-    return Operator(namespace, f"{release}-multiworld-operator", apps)
+    try:
+        yield Operator(namespace, f"{release}-multiworld-operator", apps)
+    finally:
+        operator_release.uninstall(cluster.kubeconfig, namespace, release)
+        with cluster.api_client() as api:
+            for name in (apps, namespace):
+                client.CoreV1Api(api).delete_namespace(name)
 
 
 def kubectl(cluster: Cluster, *args: str, check: bool = True) -> str:
