@@ -8,13 +8,17 @@ the same processes in reverse rank order, so each process has a different rank i
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.support.worker_support import BACKENDS, TEST_DETECT, assignment, free_ports
 
 SIZE = 4
+# gloo has all_to_all from torch 2.12; before, the op is refused (UnsupportedOpError) and the
+# world goes on.
+GLOO_ALL_TO_ALL = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 12)
 
 
-def expected(rank: int, backend: str) -> dict[str, list[float] | None]:
+def expected(rank: int, backend: str) -> dict[str, list[float] | str | None]:
     others = range(SIZE)
     strided = {"all_gather_strided": [x for k in others for x in (float(k), 8.0)]} if backend == "gloo" else {}
     return strided | {
@@ -26,7 +30,7 @@ def expected(rank: int, backend: str) -> dict[str, list[float] | None]:
         "broadcast": [0.0],
         "broadcast_last": [100.0 + SIZE - 1],
         "reduce_scatter": [float(sum(k * 10 + rank for k in others))],
-        "all_to_all": [float(k * 10 + rank) for k in others],
+        "all_to_all": [float(k * 10 + rank) for k in others] if backend == "nccl" or GLOO_ALL_TO_ALL else "unsupported",
         "ring": [float((rank - 1) % SIZE)],
     }
 

@@ -28,7 +28,7 @@ from multiworld.contract import (
     WorldTable,
 )
 from multiworld.detect.verdicts import Verdict
-from multiworld.errors import short
+from multiworld.errors import says_unsupported, short
 from tests.support.worker_support import TEST_DETECT, Member, TableServer, assignment, free_ports
 
 
@@ -102,6 +102,21 @@ def test_a_gloo_error_is_told_without_its_source_location_and_hints() -> None:
     )
     assert short(RuntimeError(text)) == "Connection closed by peer [127.0.0.1]:20872."
     assert short(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_backend_lacking_an_op_is_told_apart_from_a_failure() -> None:
+    # Refusals as torch's backends word them (torch 2.11's gloo lacks all_to_all); they become
+    # UnsupportedOpError, and a lost peer or a bad argument does not.
+    for text in (
+        "Backend gloo does not support alltoall",
+        "ProcessGroupGloo does not support reduce_scatter",
+        "Unsupported reduce operation",
+        "allgather_into_tensor_coalesced is not supported",
+        "not implemented for this backend",
+    ):
+        assert says_unsupported(text), text
+    for text in ("Connection closed by peer [127.0.0.1]:20872", "Timed out waiting 1800000ms", "Invalid tensor size"):
+        assert not says_unsupported(text), text
 
 
 def test_channel_choice_by_scheme() -> None:

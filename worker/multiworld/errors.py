@@ -85,6 +85,16 @@ class UnsupportedOpError(MultiWorldError, NotImplementedError):
         )
 
 
+# How torch's backends word a refusal of an op they lack: "... not supported", "not implemented",
+# "unsupported", and (torch 2.11's gloo, all_to_all) "Backend gloo does not support alltoall".
+_UNSUPPORTED = re.compile(r"not supported|not implemented|unsupported|does not support", re.IGNORECASE)
+
+
+def says_unsupported(message: str) -> bool:
+    """Whether a backend's error message says it lacks the op (see UnsupportedOpError)."""
+    return _UNSUPPORTED.search(message) is not None
+
+
 # "[/path/to/gloo/transport/tcp/pair.cc:553] " at the start of gloo's errors.
 _SOURCE_LOCATION = re.compile(r"^\[[^\]]+:\d+\]\s*")
 

@@ -31,7 +31,7 @@ from torch._C._distributed_c10d import (
 )
 from torch.distributed import DistError
 
-from multiworld.errors import UnsupportedOpError, WorldBrokenError, short
+from multiworld.errors import UnsupportedOpError, WorldBrokenError, says_unsupported, short
 from multiworld.world.reduce_op import ReduceOp
 from multiworld.world.work import InFlight, Waiters, Work
 
@@ -256,8 +256,7 @@ class Collectives:
             return exc
         if _lost_peer(exc):
             return self._in_flight.op_failed(op, exc).fresh()
-        text = str(exc).lower()
-        if "not supported" in text or "not implemented" in text or "unsupported" in text:
+        if says_unsupported(str(exc)):
             return UnsupportedOpError(op, self._driver.name, short(exc))
         return exc
 
