@@ -29,7 +29,11 @@ connection; only a host that stopped answering is. A connection whose instance i
 pod's (`keep_only`: replaced, most often named by its peers a second after its host went silent)
 is retired rather than closed: it gets nothing more and what it sends is read and dropped, but it
 is probed on for RETIRED_PROBE_S, so that `on_lost` still says whether its host was lost (whose
-node the platform then avoids) or its process merely ended (the connection closes first).
+node the platform then avoids) or its process merely ended (the connection closes first). A
+retired connection is also sent an empty line at once (the worker skips blank lines): a host that
+acknowledges none of it within ANSWER_WITHIN_S is lost then, not LOST_AFTER_S later, so that the
+replacement made at the same moment, which the scheduler may have put on that node (it looks
+Ready and empty), is made again elsewhere within a second or so.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import collections
 import errno
 import logging
 import socket
+import struct
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -98,6 +103,10 @@ KEEPALIVE_IDLE_S = 2
 KEEPALIVE_INTERVAL_S = 1
 # How long a retired connection (its instance replaced) is kept, probed, before it is closed.
 RETIRED_PROBE_S = LOST_AFTER_S + 2.0
+# How long a retired connection's host has to acknowledge the empty line it is sent: a live
+# host's kernel answers in milliseconds, a frozen or busy process's too, and a segment or ACK
+# lost on the way is sent again (the shortest retransmission timeout is 0.2 s) well within it.
+ANSWER_WITHIN_S = 1.0
 # A warning of the channel (a refusal, a silent or junk connection) is said once per kind and
 # source this often, with a count of the ones held back; sources remembered at most.
 LOG_EVERY_S = 60.0
@@ -201,9 +210,30 @@ class ChannelServer:
                 self._uids.pop(key, None)
                 if probe and not writer.is_closing():
                     self._retired[writer] = Speaker(group, key[1], uid)
+                    self._ask_for_answer(writer)
                     asyncio.get_running_loop().call_later(RETIRED_PROBE_S, writer.close)
                 else:
                     writer.close()
+
+    def _ask_for_answer(self, writer: asyncio.StreamWriter) -> None:
+        """Send a retired connection an empty line; ANSWER_WITHIN_S later, its host is lost if its
+        kernel acknowledged nothing since."""
+        try:
+            writer.write(b"\n")
+        except (ConnectionError, RuntimeError):
+            return
+        asyncio.get_running_loop().call_later(ANSWER_WITHIN_S, self._lost_unless_answered, writer)
+
+    def _lost_unless_answered(self, writer: asyncio.StreamWriter) -> None:
+        lost = self._retired.get(writer)
+        if lost is None or writer.is_closing() or not _unacknowledged_for(writer, ANSWER_WITHIN_S):
+            return  # ended (its process closed it), or answered
+        del self._retired[writer]
+        log.warning("pod %s (%s) acknowledged nothing for %.1f s: lost with its host", lost.pod, _peer(writer),
+                    ANSWER_WITHIN_S)  # fmt: skip
+        writer.transport.abort()
+        if self._on_lost is not None:
+            self._on_lost(lost)
 
     def _send(self, group: Hashable, pod: str, writer: asyncio.StreamWriter) -> None:
         table = self._tables.get(group)
@@ -452,6 +482,22 @@ def _probe_silence(writer: asyncio.StreamWriter) -> None:
     ):
         if hasattr(socket, option):  # Linux has them all; elsewhere a host's silence goes unseen
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
+def _unacknowledged_for(writer: asyncio.StreamWriter, seconds: float) -> bool:
+    """Whether the connection has data out that its peer has not acknowledged, and no
+    acknowledgement of anything came for `seconds` (Linux's TCP_INFO: tcpi_unacked, a count of
+    segments, at byte 24; tcpi_last_ack_recv, milliseconds, at byte 56)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6) or not hasattr(socket, "TCP_INFO"):
+        return False
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    except OSError:
+        return False
+    (unacked,) = struct.unpack_from("I", info, 24)
+    (last_ack_ms,) = struct.unpack_from("I", info, 56)
+    return bool(unacked > 0 and last_ack_ms >= seconds * 1000)
 
 
 def _host(writer: asyncio.StreamWriter) -> str:

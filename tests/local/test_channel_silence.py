@@ -3,7 +3,8 @@ LOST_AFTER_S, and only such a worker: the silence is made for real on this machi
 (iptables DROP both ways on the worker's connection, as a pulled cable: no FIN, no RST), beside
 a worker process frozen by SIGSTOP (its kernel still answers) and one that exits (its kernel
 closes the connection). A replaced instance's connection is probed on, unheard, and found lost
-too."""
+too; one whose host acknowledges nothing of the line it is sent on being replaced is found lost
+within ANSWER_WITHIN_S."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from multiworld.contract import ChannelMessage, Hello, WorkerStatus
-from multiworld_operator.channel_server import LOST_AFTER_S, ChannelServer, Speaker
+from multiworld_operator.channel_server import ANSWER_WITHIN_S, LOST_AFTER_S, ChannelServer, Speaker
 
 COMMENT = "multiworld-test-silence"
 # A worker in a process of its own: hello, then read until the connection ends.
@@ -156,3 +157,46 @@ def test_a_replaced_instance_is_unheard_but_still_found_lost() -> None:
     lost, heard = asyncio.run(run())
     assert lost == [Speaker("mw", "pod", "uid-old")]
     assert heard == []
+
+
+def test_a_replaced_instance_whose_host_acknowledges_nothing_is_lost_within_a_second() -> None:
+    """Two instances replaced at once, as when their peers name them: one whose host is already
+    silent (its packets dropped) is found lost ANSWER_WITHIN_S later, long before its connection
+    would time out; one whose process is frozen (its kernel still acknowledges) is not."""
+    assert os.geteuid() == 0, "this test cuts a connection with iptables: run it as root"
+
+    async def run() -> tuple[list[tuple[Speaker, float]], bool]:
+        lost: list[tuple[Speaker, float]] = []
+
+        async def as_instance(hello: Hello, source: str) -> Speaker:
+            return Speaker("mw", hello.pod, f"uid-{hello.pod}")
+
+        server = ChannelServer(
+            lambda *_: None, lambda *_: None, as_instance, lambda who: lost.append((who, time.monotonic()))
+        )
+        port = await server.start()
+        frozen = subprocess.Popen([sys.executable, "-c", WORKER, str(port), hello("frozen").decode()],
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        silent = socket.create_connection(("127.0.0.1", port))
+        try:
+            silent.sendall(hello("silent"))
+            assert frozen.stdout is not None and frozen.stdout.readline().strip() == "connected"
+            await asyncio.sleep(0.5)  # both hellos read
+            os.kill(frozen.pid, signal.SIGSTOP)
+            with dropped(silent.getsockname()[1]):
+                replaced = time.monotonic()
+                server.keep_only("mw", lambda pod, uid: False)
+                await asyncio.sleep(LOST_AFTER_S - 1)  # before any connection could time out
+                answered = frozen.poll() is None
+            return [(who, at - replaced) for who, at in lost], answered
+        finally:
+            silent.close()
+            os.kill(frozen.pid, signal.SIGCONT)
+            frozen.kill()
+            frozen.wait()
+            await server.close()
+
+    lost, frozen_alive = asyncio.run(run())
+    assert [who for who, _ in lost] == [Speaker("mw", "silent", "uid-silent")], lost
+    assert ANSWER_WITHIN_S <= lost[0][1] <= ANSWER_WITHIN_S + 1.0, f"lost {lost[0][1]:.2f} s after it was replaced"
+    assert frozen_alive

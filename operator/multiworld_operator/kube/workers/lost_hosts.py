@@ -1,6 +1,7 @@
-"""Pod instances lost with their hosts (pure): the worker channel heard nothing from a pod's worker
-for LOST_AFTER_S, not even the kernel's acknowledgement of a probe (channel_server.py), so its
-node is powered off or cut off the network. Kubernetes says so only after the node monitor's
+"""Pod instances lost with their hosts (pure): the worker channel heard nothing from a pod's worker,
+not even the kernel's acknowledgement of a probe (channel_server.py: for LOST_AFTER_S, or for
+ANSWER_WITHIN_S after the line a replaced instance's connection is sent), so its node is powered
+off or cut off the network. Kubernetes says so only after the node monitor's
 grace period (about 40 s: the Node NotReady) and evicts its pods 300 s later (the default
 toleration), an eviction that never completes while the node is away.
 
@@ -12,8 +13,9 @@ toleration), an eviction that never completes while the node is away.
 - Its node is lost: every other instance of the MultiWorld on it has ended too (one whose
   connection has not timed out yet, a replacement placed there before the loss was known, which
   never starts). An instance already replaced still names its node: its peers most often name
-  it a second after the silence began, before its connection times out (the channel probes a
-  replaced instance's connection on: channel_server.py), so its node is remembered (`replaced`).
+  it half a second after the silence began, before its connection times out (the channel probes
+  a replaced instance's connection on, and has its host answer within ANSWER_WITHIN_S:
+  channel_server.py), so its node is remembered (`replaced`).
 - For AVOID_S after, the MultiWorld's new pods are kept off that node (a required node affinity
   on its name): until Kubernetes taints it unreachable, the node looks Ready and, its pods
   deleted, empty: the scheduler's first choice. A pod made in that window keeps the rule for its
@@ -26,8 +28,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-
-from multiworld_operator.channel_server import LOST_AFTER_S
 
 # How long a lost node is kept out of new pods' placement: past the node monitor's grace period
 # (40 s) and the taint that follows it, with room for a loaded control plane.
@@ -53,8 +53,8 @@ class LostInstance:
 def _reason(node: str, at: datetime, heard: str) -> str:
     where = f"node {node}" if node else "its node"
     return (
-        f"lost with {where} at {at:%Y-%m-%dT%H:%M:%SZ}: {heard} got no acknowledgement for "
-        f"{LOST_AFTER_S} s (powered off or cut off the network)"
+        f"lost with {where} at {at:%Y-%m-%dT%H:%M:%SZ}: {heard} went unacknowledged "
+        "(powered off or cut off the network)"
     )
 
 
@@ -128,8 +128,8 @@ class LostHosts:
         """What to say of each node newly lost, once."""
         news, self._news = self._news, []
         return [
-            f"node {lost.node} lost at {lost.at:%Y-%m-%dT%H:%M:%SZ}: the worker of pod {lost.pod} there got no "
-            f"acknowledgement for {LOST_AFTER_S} s; every pod there is replaced on another node, and new pods "
-            f"are kept off it for {AVOID_S:.0f} s"
+            f"node {lost.node} lost at {lost.at:%Y-%m-%dT%H:%M:%SZ}: the connection of pod {lost.pod}'s worker "
+            f"there went unacknowledged; every pod there is replaced on another node, and new pods are kept off "
+            f"it for {AVOID_S:.0f} s"
             for lost in news
         ]
