@@ -27,7 +27,10 @@ Clocks (wall time; the nodes, the workers and this process share the machine's c
   eviction is not waited for.
 
 --mode keeps one mode; --dead-after sets MULTIWORLD_DEAD_AFTER in the pods (the detection of a
-silent peer, which most of a warm spare's recovery is).
+silent peer, which most of a warm spare's recovery is); --logs DIR runs the pods with
+MULTIWORLD_LOG_LEVEL=DEBUG and keeps, per trial, every pod's log and the operator's since the
+fault, each line with the container runtime's timestamp (DIR/<multiworld>/<pod>.log), to read
+where a slow trial's time went.
 
 JSON (--json, the last line): scenarios: {"<fault>/<mode>": {"recovery_s": {min, median, max},
 "trials": [seconds, ...], "by_spare": [whether a warm spare holds the leader's ranks after
@@ -96,6 +99,7 @@ def parse_args(argv: list[str] | None) -> Any:
         help="MULTIWORLD_DEAD_AFTER in the pods' env: how long a silent peer takes to be judged dead "
         "(default: the library's own)",
     )
+    p.add_argument("--logs", type=Path, help="keep each trial's pod and operator logs, timestamped, under this folder")
     args = p.parse_args(argv)
     scenarios = QUICK if args.quick else tuple((f, m) for f in FAULTS for m in MODES)
     args.scenarios = tuple((f, m) for f, m in scenarios if args.mode in (None, m))
@@ -140,6 +144,21 @@ def _set_env(path: Path, name: str, value: str) -> None:
     path.write_text(yaml.safe_dump(manifest))
 
 
+def _keep_logs(
+    cluster: Cluster, operator: support.Operator, kube: KubeNamespace, name: str, fault: float, folder: Path
+) -> None:
+    """Every pod's log of MultiWorld `name` and the operator's since `fault` (epoch seconds), with
+    the runtime's timestamps, into `folder`; a pod on the lost node has none to give."""
+    folder.mkdir(parents=True, exist_ok=True)
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(fault - 1))
+    sources = [(pod, ["-n", operator.apps, pod]) for pod in kube.pods(name)]
+    sources.append(("operator", ["-n", operator.namespace, f"deployment/{operator.fullname}", f"--since-time={since}"]))
+    for label, args in sources:
+        text = support.kubectl(cluster, "logs", "--timestamps", *args, check=False)
+        (folder / f"{label}.log").write_text(text)
+    print(f"{name}: logs in {folder}", flush=True)
+
+
 def _not_ready_after(core: client.CoreV1Api, node: str, fault: float) -> float:
     """Seconds from the fault until the Node's Ready condition left True."""
 
@@ -166,6 +185,7 @@ def _leader_on_lost(
     scratch: Path,
     base: str,
     dead_after: float | None,
+    logs: Path | None,
 ) -> Iterator[tuple[str, Path]]:
     """examples/all_gather applied and Running with its leader alone on the node to lose: the
     other members prefer the kept node; the leader is left to the scheduler (a preference of its
@@ -178,6 +198,8 @@ def _leader_on_lost(
         placed_by_preference(path, set(), lost, kept, unplaced={"leader"})
         if dead_after is not None:
             _set_env(path, "MULTIWORLD_DEAD_AFTER", str(dead_after))
+        if logs is not None:
+            _set_env(path, "MULTIWORLD_LOG_LEVEL", "DEBUG")
         with support.applied(cluster, operator, kube, path, name):
             wait_for(f"{name} Running", lambda: _running(kube, name), WAIT_S)  # noqa: B023  (called at once)
             placed = {p: pod.spec.node_name for p, pod in kube.pods(name).items()}
@@ -199,13 +221,14 @@ def trial(
     measure_kubernetes: bool,
     detach: bool,
     dead_after: float | None,
+    logs: Path | None,
 ) -> tuple[Trial, KubernetesPath | None]:
     """One fault of the second node; returns the seconds until both worlds are back (and, when
     asked, what Kubernetes' own path would take)."""
     lost = cluster.nodes[1].name
     path_k8s = None
     base = f"loss-{fault}-{mode.replace('_', '-')}-{index}"
-    with _leader_on_lost(cluster, operator, kube, scratch, base, dead_after) as (name, path):
+    with _leader_on_lost(cluster, operator, kube, scratch, base, dead_after, logs) as (name, path):
         status = kube.status(name)
         if mode == "warm_spare":
             _add_spare(cluster, operator, kube, path, name)
@@ -228,6 +251,8 @@ def trial(
             print(f"{name}, {fault} of {lost}:\n{timeline}", flush=True)
             # A cluster given with --cluster outlives this process: so must the node's daemons.
             cluster.heal(lost, detach=detach)
+        if logs is not None:
+            _keep_logs(cluster, operator, kube, name, timeline.fault, logs / name)
     holders = [after[table[w]["pods"][rank]] for w, rank in leader_rank.items()]
     by_spare = all((pod.metadata.labels or {}).get(SPARE_LABEL) == "true" for pod in holders)
     seconds = max(back.values())
@@ -263,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     measure,
                     args.cluster is not None,
                     args.dead_after,
+                    args.logs,
                 )
                 trials[(fault, mode)].append(done)
                 path_k8s = measured or path_k8s

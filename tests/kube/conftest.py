@@ -10,8 +10,9 @@ A missing control plane is a test error with the reason, never a skip.
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from kubernetes import client
@@ -122,3 +123,18 @@ def kube_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     (minutes when cold); here they are only loaded (into a new node's image store: a minute or
     two, once)."""
     yield from _running_cluster(tmp_path_factory, nodes=SESSION_NODES)
+
+
+@pytest.fixture
+def stage(record_property: Callable[[str, object], None]) -> Callable[[str], None]:
+    """`stage(name)` records the seconds since the test's start or its last stage as the property
+    `stage_<name>_s` of the test's JUnit report (`--junitxml`): where a slow run of a long
+    journey spent its time, without its output."""
+    last = [time.monotonic()]
+
+    def record(name: str) -> None:
+        now = time.monotonic()
+        record_property(f"stage_{name}_s", round(now - last[0], 2))
+        last[0] = now
+
+    return record

@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -612,7 +612,7 @@ def _spares_ready(kube: KubeNamespace, name: str, member: str, count: int) -> di
 
 
 def test_warm_spares_take_a_killed_members_place(
-    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path, stage: Callable[[str], None]
 ) -> None:
     """w1 keeps one warm spare: one death takes one spare. A killed w1-1's world comes back with
     the spare playing w1-1 under its own name, labelled and shown in the status, and w1-0 in its
@@ -630,6 +630,7 @@ def test_warm_spares_take_a_killed_members_place(
         assert sorted(line.split()[0] for line in shown.splitlines()) == sorted(spares), shown
         _wait_log(kube_node, operator, f"{name}-leader-0", "rank: 0 from world1 has gathered tensors: ")
         before = kube.uids(name)
+        stage("running_with_a_spare")
 
         signal_container(kube_node, kube.pods(name)[f"{name}-w1-1"], "SIGKILL")
         status = _wait_running(kube, name, {"world1": 2, "world2": 1})
@@ -651,9 +652,11 @@ def test_warm_spares_take_a_killed_members_place(
         events = " ".join(e.message for e in kube.events(name) if e.reason == "SpareAssigned")
         assert f"plays {name}-w1-1" in events and f"plays {name}-w1-0" not in events, events
 
+        stage("spare_played")
         refilled = _spares_ready(kube, name, "w1", 1)
         assert sorted(refilled) == [f"{name}-w1-spare-b"], sorted(refilled)
         _assert_world2_untouched(kube_node, operator, kube, name)
+        stage("refilled")
 
         # A new template for w1, its rollout paused (a journey of its own): its spares of the old
         # one are deleted, and not one plays.
@@ -674,8 +677,10 @@ def test_warm_spares_take_a_killed_members_place(
         assert env.get("TEMPLATE_EDIT") == "1", "w1-1 is not of w1's new template"
         assert pods[f"{name}-w1-0"].metadata.uid == before[f"{name}-w1-0"], "the live w1-0 was replaced"
         assert not set(played.values()) & set(pods), "the spare that played was not deleted"
+        stage("old_template_path")
         (warm,) = _spares_ready(kube, name, "w1", 1)
         _assert_world2_untouched(kube_node, operator, kube, name)
+        stage("new_template_spare")
 
         # The rollout resumed: w1-0, the one pod left of the old template, goes onto the warm
         # spare of the new one (no pod made for it, no restart counted).
@@ -692,6 +697,8 @@ def test_warm_spares_take_a_killed_members_place(
         assert len(updated) == 1 and f"pod {name}-w1-0 " in updated[0], updated
         _wait_log(kube_node, operator, warm, "rank: 1 has tensor")
         _assert_world2_untouched(kube_node, operator, kube, name)
+        stage("rollout_onto_the_spare")
+    stage("deleted")
 
 
 # Issue 33's chain: two levels of sharing (b in wx and wy, c in wy and wz), every member in use

@@ -320,7 +320,7 @@ def test_spares_flag_overrides_the_manifest(tmp_path):
 def test_suspend_stops_every_member_and_resume_brings_each_world_back_at_its_next_epoch(tmp_path):
     """`--suspend 4:6` sets spec.suspend for 6 s: every member process ends (no failure counted),
     then each world is made anew at epoch 2 and runs again."""
-    summary = run(manifest(tmp_path, **SEED), tmp_path, "--suspend", "4:6", "--duration", "45")
+    summary = run(manifest(tmp_path, **SEED), tmp_path, "--suspend", "4:6", *UNTIL_RECOVERED)
     out = summary["_stderr"]
     assert "suspending: spec.suspend true" in out and "resuming: spec.suspend false" in out, out
     assert "WorldSuspended" in out and "WorldResumed" in out, out

@@ -67,6 +67,12 @@ def watch_recovery(
         for pod in pods.values():
             where = pod.spec.node_name or "(unscheduled)"
             timeline.note(f"pod {pod.metadata.uid}", f"pod {pod.metadata.name} {pod.status.phase} on {where}")
+            if pod.status.pod_ip:
+                timeline.note(f"ip {pod.metadata.uid}", f"pod {pod.metadata.name} has IP {pod.status.pod_ip}")
+        # What the pods' names resolve to follows the headless Service's Endpoints (cluster DNS).
+        for subset in kube.core.read_namespaced_endpoints(name, kube.namespace).subsets or []:
+            for address in [*(subset.addresses or []), *(subset.not_ready_addresses or [])]:
+                timeline.note(f"endpoint {address.ip}", f"endpoint {address.hostname} at {address.ip}")
         for world, state in (status.get("worlds") or {}).items():
             failure = state.get("lastFailure") or {}
             if failure:

@@ -208,6 +208,9 @@ def form_world(
     off."""
     a = assignment
     driver = make_driver(a.backend, device)
+    # Each stage of the join, at debug with the seconds since it began: where a slow join waits.
+    stages = WorldLog(log, a.name, a.epoch)
+    began = time.monotonic()
 
     def client() -> Any:
         return stores.open_client(
@@ -219,13 +222,16 @@ def form_world(
     # reverse lookup (store_server.py), and once past the rendezvous the others judge this
     # member's silence.
     watch_store = client() if config.heartbeat else None
+    stages.debug("reached the store at %s:%d as rank %d (%.2f s)", a.host, a.port, a.rank, time.monotonic() - began)
     beat = detector.announce(a.host if a.rank == 0 else None) if config.heartbeat else None
     members = Rendezvous(store, a, pod=pod, deadline=deadline, cancelled=cancelled, beat=beat).run()
+    stages.debug("every member of the epoch is present (%.2f s)", time.monotonic() - began)
     linked = config.heartbeat and a.rank != 0
 
     def build() -> ProcessGroup:
         if linked:
             detector.connect_link(a.host, members[0], timeout=max(deadline - time.monotonic(), 1.0))
+            stages.debug("linked to rank 0's heartbeats (%.2f s)", time.monotonic() - began)
         try:
             return driver.build(
                 PrefixStore(f"{a.store_prefix}pg/", store),
@@ -255,6 +261,7 @@ def form_world(
         raise WorldJoinError(
             f"world {a.name!r} epoch {a.epoch}: building the communicator failed: {short(exc)}"
         ) from exc
+    stages.debug("communicator built (%.2f s)", time.monotonic() - began)
     world = World(a, pg=pg, driver=driver, store=store, config=config, on_broken=on_broken)
     if config.heartbeat:
         detector.watch(world._heartbeat, members, a.host)
