@@ -98,8 +98,12 @@ class ReconcileLoop:
     async def _steps(self) -> None:
         wait: float | None = 0.0
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), RESYNC_S if wait is None else wait)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns a wait that completed
+            # as it was cancelled (a poke in the moment the operator stops), and the loop would
+            # go on for good.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RESYNC_S if wait is None else wait):
+                    await self.wake.wait()
             self.wake.clear()
             # A leader that was frozen past its renew deadline (SIGSTOP, a starved CPU) may wake
             # here before its Lease loop does: it must not take a step then.
