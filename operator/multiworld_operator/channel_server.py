@@ -48,6 +48,7 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -466,11 +467,17 @@ class Budgets:
         return taken
 
 
+def _tcp_socket(writer: asyncio.StreamWriter) -> Any:
+    """The connection's TCP socket (IPv4 or IPv6), or None for any other (a test's Unix socket)."""
+    sock = writer.get_extra_info("socket")
+    return sock if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) else None
+
+
 def _probe_silence(writer: asyncio.StreamWriter) -> None:
     """Have the kernel end the connection with ETIMEDOUT once its peer acknowledges nothing for
     LOST_AFTER_S (keepalive probes while it is quiet, the user timeout while data waits)."""
-    sock = writer.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    sock = _tcp_socket(writer)
+    if sock is None:
         return
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     probes = max(1, (LOST_AFTER_S - KEEPALIVE_IDLE_S) // KEEPALIVE_INTERVAL_S)
@@ -488,8 +495,8 @@ def _unacknowledged_for(writer: asyncio.StreamWriter, seconds: float) -> bool:
     """Whether the connection has data out that its peer has not acknowledged, and no
     acknowledgement of anything came for `seconds` (Linux's TCP_INFO: tcpi_unacked, a count of
     segments, at byte 24; tcpi_last_ack_recv, milliseconds, at byte 56)."""
-    sock = writer.get_extra_info("socket")
-    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6) or not hasattr(socket, "TCP_INFO"):
+    sock = _tcp_socket(writer)
+    if sock is None or not hasattr(socket, "TCP_INFO"):
         return False
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
