@@ -167,6 +167,10 @@ class NodeHost:
                 # torch's store looks up as it connects) is answered NXDOMAIN here, not sent to
                 # the machine's own nameserver: how fast that one answers is not the cluster's.
                 "--bogus-priv",
+                # Every query and where its answer came from (the cluster's records, or the
+                # machine's nameserver: "forwarded"), in logs/dnsmasq.log: what a test reads to
+                # see which names left the cluster.
+                "--log-queries",
                 f"--server={upstream_nameserver()}", "--log-facility=-",
             ],
             "dns-records": [

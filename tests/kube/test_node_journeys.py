@@ -593,6 +593,41 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
         assert kube.status(name)["worlds"]["world2"]["phase"] == "Running"
 
 
+def test_a_rank_0_with_no_record_yet_is_asked_of_the_clusters_dns_alone(
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
+) -> None:
+    """The leader (rank 0 of both worlds) asks for more GPUs than any node has, so its name has
+    no record, as a new pod's has none until it has an address: the other members ask for it by
+    its full name, which the cluster's DNS answers itself. None of their queries is forwarded to
+    the machine's nameserver (before, every search of theirs ended there with the bare
+    `<pod>.<mw>`, and a lost answer cost the resolver's 5 s timeout after the record existed)."""
+    name = "unplaced-leader"
+    path = example_manifest("all_gather", name, tmp_path)
+    manifest = yaml.safe_load(path.read_text())
+    (leader,) = [m for m in manifest["spec"]["members"] if m["name"] == "leader"]
+    leader["template"] = yaml.safe_load(yaml.safe_dump(manifest["spec"]["template"]))
+    leader["template"]["spec"]["containers"][0]["resources"] = {"limits": {GPU_RESOURCE: GPUS_PER_NODE + 1}}
+    path.write_text(yaml.safe_dump(manifest))
+    dns_log = kube_node.logs / "dnsmasq.log"
+    start = dns_log.stat().st_size
+    rank0 = f"{name}-leader-0.{name}"
+    full_name = f"{rank0}.{operator.apps}.svc.cluster.local"
+
+    def queries() -> list[str] | None:
+        """The log's lines about rank 0's name, once the members asked for its full name 20
+        times (each of the four asks again and again while it waits for rank 0's store)."""
+        with dns_log.open(errors="replace") as log:
+            log.seek(start)
+            lines = [line for line in log.read().splitlines() if rank0 in line]
+        return lines if sum(f"query[A] {full_name} " in line for line in lines) >= 20 else None
+
+    with applied(kube_node, operator, kube, path, name):
+        asked = wait_for("the members' queries for rank 0's full name", queries, WAIT_S)
+        assert kube.pods(name)[f"{name}-leader-0"].status.phase == "Pending"
+    forwarded = [line for line in asked if "forwarded" in line]
+    assert not forwarded, forwarded[:4]
+
+
 def _spares_ready(kube: KubeNamespace, name: str, member: str, count: int) -> dict[str, client.V1Pod]:
     """Wait until `member` keeps `count` warm spares, each waiting for an identity; returns them."""
     wait_for(

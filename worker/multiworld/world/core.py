@@ -19,7 +19,7 @@ from multiworld.detect.detector import Detector, Watch
 from multiworld.detect.verdicts import Verdict
 from multiworld.errors import WorldBrokenError, WorldJoinError, short
 from multiworld.log_context import WorldLog
-from multiworld.world import stores
+from multiworld.world import host_names, stores
 from multiworld.world.backends import Driver, make_driver
 from multiworld.world.building import BuildWatch
 from multiworld.world.ops import Collectives
@@ -211,10 +211,11 @@ def form_world(
     # Each stage of the join, at debug with the seconds since it began: where a slow join waits.
     stages = WorldLog(log, a.name, a.epoch)
     began = time.monotonic()
+    host = host_names.qualified(a.host)
 
     def client() -> Any:
         return stores.open_client(
-            a.name, a.rank, a.host, a.port, deadline=deadline, cancelled=cancelled, wait_timeout=config.join_timeout
+            a.name, a.rank, host, a.port, deadline=deadline, cancelled=cancelled, wait_timeout=config.join_timeout
         )
 
     store = client()
@@ -222,15 +223,15 @@ def form_world(
     # reverse lookup (store_server.py), and once past the rendezvous the others judge this
     # member's silence.
     watch_store = client() if config.heartbeat else None
-    stages.debug("reached the store at %s:%d as rank %d (%.2f s)", a.host, a.port, a.rank, time.monotonic() - began)
-    beat = detector.announce(a.host if a.rank == 0 else None) if config.heartbeat else None
+    stages.debug("reached the store at %s:%d as rank %d (%.2f s)", host, a.port, a.rank, time.monotonic() - began)
+    beat = detector.announce(host if a.rank == 0 else None) if config.heartbeat else None
     members = Rendezvous(store, a, pod=pod, deadline=deadline, cancelled=cancelled, beat=beat).run()
     stages.debug("every member of the epoch is present (%.2f s)", time.monotonic() - began)
     linked = config.heartbeat and a.rank != 0
 
     def build() -> ProcessGroup:
         if linked:
-            detector.connect_link(a.host, members[0], timeout=max(deadline - time.monotonic(), 1.0))
+            detector.connect_link(host, members[0], timeout=max(deadline - time.monotonic(), 1.0))
             stages.debug("linked to rank 0's heartbeats (%.2f s)", time.monotonic() - began)
         try:
             return driver.build(
@@ -242,13 +243,13 @@ def form_world(
             )
         except BaseException:
             if linked:
-                detector.unpin(a.host, members[0])
+                detector.unpin(host, members[0])
             raise
 
     def discard(pg: ProcessGroup) -> None:
         """A build that ended after its join gave it up: nothing will watch its world."""
         if linked:
-            detector.unpin(a.host, members[0])
+            detector.unpin(host, members[0])
         driver.abort([pg])
 
     try:
@@ -264,7 +265,7 @@ def form_world(
     stages.debug("communicator built (%.2f s)", time.monotonic() - began)
     world = World(a, pg=pg, driver=driver, store=store, config=config, on_broken=on_broken)
     if config.heartbeat:
-        detector.watch(world._heartbeat, members, a.host)
+        detector.watch(world._heartbeat, members, host)
     world._log.info("joined as rank %d of %d (%s)", a.rank, a.size, a.backend)
     return world
 
