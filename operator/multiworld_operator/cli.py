@@ -7,13 +7,22 @@ import argparse
 import logging
 import os
 import sys
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TypeVar
 
 from multiworld_operator import log_context
 
 N = TypeVar("N", int, float)
+
+
+def _installed_version() -> str:
+    """The installed package's version; the code also runs from a source tree on PYTHONPATH,
+    which has none."""
+    try:
+        return version("multiworld")
+    except PackageNotFoundError:
+        return "(not installed: run from a source tree)"
 
 
 def _number(text: str, kind: type[N], what: str) -> N:
@@ -62,7 +71,7 @@ DESCRIPTION = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multiworld", description=DESCRIPTION)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('multiworld')}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_installed_version()}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -1,11 +1,15 @@
 """`multiworld run` refuses bad input up front, naming the field or flag, starting nothing."""
 
+import os
+import shutil
 import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.quick
 
@@ -149,6 +153,19 @@ def test_version_is_the_installed_packages() -> None:
         [sys.executable, "-m", "multiworld_operator.cli", "--version"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0 and result.stdout.strip() == f"multiworld {version('multiworld')}"
+
+
+def test_the_cli_runs_from_a_source_tree_that_is_not_installed(tmp_path: Path) -> None:
+    """`python -m multiworld_operator.cli` with the sources on PYTHONPATH and no installed
+    package (a GPU machine's own Python, say) answers --help and --version."""
+    for package in ("operator", "worker"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'operator'}{os.pathsep}{tmp_path / 'worker'}"}
+    for flag, expected in (("--version", "multiworld (not installed: run from a source tree)"), ("--help", "usage:")):
+        # -S: no site-packages, where the venv's installed package lives.
+        result = subprocess.run([sys.executable, "-S", "-m", "multiworld_operator.cli", flag], cwd=tmp_path,
+                                env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert result.returncode == 0 and result.stdout.startswith(expected), result.stdout + result.stderr
 
 
 def test_help_says_what_multiworld_is_for() -> None:
