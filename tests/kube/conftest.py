@@ -28,25 +28,6 @@ from tests.support.operator_support import scene  # noqa: F401
 DEFAULT_SERVICEACCOUNT_TIMEOUT_S = 60.0
 # The node journeys run on two nodes: worlds span them, and a node can be lost.
 SESSION_NODES = 2
-# The session's clusters, in the order they start: a test needing the first runs before those
-# needing the second.
-_CLUSTERS = ("kube_cluster", "kube_node")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that needs a session cluster runs after all the others (the control plane's,
-    then the node's), in its order otherwise: a session cluster lives until the session ends,
-    and its daemons and draining pods would load the machine under every later test (timing
-    failure detection among them). Those that power off or cut off a node (`node_fault`) run
-    last: a healed node runs its next pods slowly for minutes (the other node journeys took
-    up to three times as long after one)."""
-
-    def started_clusters(item: pytest.Item) -> tuple[int, bool]:
-        names = getattr(item, "fixturenames", ())
-        started = max((rank + 1 for rank, name in enumerate(_CLUSTERS) if name in names), default=0)
-        return started, item.get_closest_marker("node_fault") is not None
-
-    items.sort(key=started_clusters)
 
 
 def _running_cluster(tmp_path_factory: pytest.TempPathFactory, nodes: int) -> Iterator[Cluster]:
