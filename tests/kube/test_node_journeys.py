@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,27 @@ def _member(name: str, pod: str) -> str:
     return pod.removeprefix(f"{name}-")
 
 
+@dataclass(frozen=True)
+class DnsLog:
+    """The cluster DNS's query log (tests/cluster/node_host.py), from where it was when the test
+    began."""
+
+    path: Path
+    start: int
+
+    def lines(self, containing: str) -> list[str]:
+        with self.path.open(errors="replace") as log:
+            log.seek(self.start)
+            return [line for line in log.read().splitlines() if containing in line]
+
+
+@pytest.fixture
+def dns_log(kube_node: Cluster) -> DnsLog:
+    """Asked for before the fixtures that start pods, so that it holds all they asked."""
+    path = kube_node.logs / "dnsmasq.log"
+    return DnsLog(path, path.stat().st_size)
+
+
 def test_operator_runs_as_the_charts_deployment(kube_node: Cluster, operator: Operator) -> None:
     pod = _ready_operator_pod(kube_node, operator)
     assert pod is not None
@@ -156,10 +178,12 @@ def test_operator_runs_as_the_charts_deployment(kube_node: Cluster, operator: Op
 
 
 def test_all_gather_runs_on_the_node(
-    kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, dns_log: DnsLog, all_gather: str
 ) -> None:
     """Every pod Running, spread over the session's nodes by the scheduler: the worlds' ranks
-    talk across nodes."""
+    talk across nodes. No pod asked the cluster's DNS for the name of a loopback address (the
+    leader's own store clients, which connect to ::ffff:127.0.0.1, are answered from the
+    /etc/hosts line the operator adds)."""
     name = all_gather
     pods = kube.pods(name)
     assert {_member(name, p) for p in pods} == {"leader-0", "w1-0", "w1-1", "w2-0", "w2-1"}
@@ -168,6 +192,9 @@ def test_all_gather_runs_on_the_node(
     assert placed == {node.name for node in kube_node.nodes}, placed
     row = kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "--no-headers").split()
     assert row[:3] == [name, "Running", "2/2"], row
+    ips = {p.status.pod_ip for p in pods.values()}
+    asked = [line for line in dns_log.lines("query[PTR] 1.0.0.127.in-addr.arpa") if line.split()[-1] in ips]
+    assert asked == [], asked[:4]
 
 
 def _kill_and_check(
@@ -594,7 +621,7 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
 
 
 def test_a_rank_0_with_no_record_yet_is_asked_of_the_clusters_dns_alone(
-    kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
+    kube_node: Cluster, operator: Operator, kube: KubeNamespace, dns_log: DnsLog, tmp_path: Path
 ) -> None:
     """The leader (rank 0 of both worlds) asks for more GPUs than any node has, so its name has
     no record, as a new pod's has none until it has an address: the other members ask for it by
@@ -608,17 +635,13 @@ def test_a_rank_0_with_no_record_yet_is_asked_of_the_clusters_dns_alone(
     leader["template"] = yaml.safe_load(yaml.safe_dump(manifest["spec"]["template"]))
     leader["template"]["spec"]["containers"][0]["resources"] = {"limits": {GPU_RESOURCE: GPUS_PER_NODE + 1}}
     path.write_text(yaml.safe_dump(manifest))
-    dns_log = kube_node.logs / "dnsmasq.log"
-    start = dns_log.stat().st_size
     rank0 = f"{name}-leader-0.{name}"
     full_name = f"{rank0}.{operator.apps}.svc.cluster.local"
 
     def queries() -> list[str] | None:
         """The log's lines about rank 0's name, once the members asked for its full name 20
         times (each of the four asks again and again while it waits for rank 0's store)."""
-        with dns_log.open(errors="replace") as log:
-            log.seek(start)
-            lines = [line for line in log.read().splitlines() if rank0 in line]
+        lines = dns_log.lines(rank0)
         return lines if sum(f"query[A] {full_name} " in line for line in lines) >= 20 else None
 
     with applied(kube_node, operator, kube, path, name):

@@ -455,6 +455,23 @@ def test_pod_body_env_wins_over_the_template() -> None:
     assert template["spec"]["containers"][0]["env"] == [{"name": "MULTIWORLD_POD", "value": "x"}]  # not mutated
 
 
+def test_a_pod_answers_the_name_of_its_mapped_loopback_from_its_hosts_file() -> None:
+    """Every pod's /etc/hosts lists ::ffff:127.0.0.1 (what torch's store clients look up as rank
+    0 connects to its own stores), after the template's own aliases; a pod on the node's
+    network keeps the node's file."""
+    own = {"ip": "10.0.0.9", "hostnames": ["registry.local"]}
+    loopback = {"ip": "::ffff:127.0.0.1", "hostnames": ["localhost"]}
+    multiworld = {"metadata": {"name": "mw", "namespace": "ns", "uid": OWNER}}
+    for spec, expected in (
+        ({"containers": [{"name": "c"}]}, [loopback]),
+        ({"containers": [{"name": "c"}], "hostAliases": [own]}, [own, loopback]),
+        ({"containers": [{"name": "c"}], "hostNetwork": True}, None),
+    ):
+        action = CreatePod(pod="mw-a-0", member="a", ordinal=0, created_for={}, worlds=[], template={"spec": spec})
+        body = pod_body(action, multiworld, "operator://operator.ns.svc:7443")
+        assert body["spec"].get("hostAliases") == expected, spec
+
+
 def test_refusal_is_written_once_per_generation() -> None:
     first = refusal_patch(None, 1, ["spec.worlds[0].ranks[1]: member 'x' is not declared"], NOW)
     assert first is not None and first["phase"] == "Failed"

@@ -38,6 +38,13 @@ TOKEN_VOLUME = "multiworld-token"
 TOKEN_LIFETIME_S = 3600
 
 
+# torch's store client looks up the name of each address it connects to, as an IPv6 one: rank 0
+# reaches its own stores over loopback, as ::ffff:127.0.0.1, which the kubelet's /etc/hosts does
+# not list, so each of those connects waited on the cluster's DNS (and its upstream, where
+# 127.in-addr.arpa lives) before this line of the pod's /etc/hosts answered it. A pod on the
+# node's network keeps the node's file.
+_LOOPBACK_ALIAS = {"ip": "::ffff:127.0.0.1", "hostnames": ["localhost"]}
+
 _TOKEN_MOUNT = {"name": TOKEN_VOLUME, "mountPath": posixpath.dirname(TOKEN_PATH), "readOnly": True}
 _TOKEN_SOURCE = {
     "name": TOKEN_VOLUME,
@@ -192,6 +199,8 @@ def pod_body(
     for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
         _quantities_as_strings(container.get("resources") or {})
     spec.update(restartPolicy="Never", hostname=action.pod, subdomain=name)
+    if not spec.get("hostNetwork"):
+        spec["hostAliases"] = [*(spec.get("hostAliases") or []), dict(_LOOPBACK_ALIAS)]
     if avoid_nodes:
         _keep_off(spec, avoid_nodes)
     if prefer_off:
