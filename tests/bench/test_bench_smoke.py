@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+# Timings, under loads of the benches' own making only: after `make test`'s background builds.
+pytestmark = pytest.mark.quiet
+
 # Each bench runs as `python -m bench.NAME` from the repository root.
 REPO = Path(__file__).resolve().parents[2]
 # Several processes importing torch on two shared cores, then the measurements.

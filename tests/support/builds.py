@@ -3,8 +3,9 @@
 On a new machine they take minutes (a Kubernetes build, two image builds), which the tests that
 need neither use: `make test` starts them in the background (niced, their log in the file that
 MULTIWORLD_BUILDS names, their exit status then in `<log>.rc`) and the suite runs the tests that
-need no API server first. A test marked `kube` (an API server, a node or our images) waits here
-until the builds end, and fails with their log's tail when they failed. Unset (pytest run by
+need no API server first. A test marked `kube` (an API server, a node or our images) or `quiet`
+(a bench's timings, which a compile beside them would skew) waits here until the builds end, and
+fails with their log's tail when they failed. Unset (pytest run by
 hand, `make kube-binaries images` done before): nothing to wait for.
 """
 
