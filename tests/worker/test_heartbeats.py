@@ -101,7 +101,8 @@ def per_tick(ranks: int, worlds: int) -> tuple[float, float]:
 
 
 def close(a: float, b: float) -> bool:
-    """Equal but for a call or two that a reading of the counters caught within a tick."""
+    """Equal but for a rare request outside the steady beat (a verdict's news, a confirmation
+    read): a reading of the counters holds whole ticks only."""
     return abs(a - b) < 0.3
 
 

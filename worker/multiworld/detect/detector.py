@@ -114,18 +114,34 @@ class HeartbeatLoad(BaseModel):
 
 class _Counted:
     """A store client that counts its requests into a StoreLoad. `token`: of a beat store, its
-    host process's token (its keys name it)."""
+    host process's token (its keys name it). A beat store's client, used by one thread, holds
+    its counts until that thread's tick is counted (`commit`), so that a reading of the load
+    holds whole ticks only."""
 
-    def __init__(self, store: HeartbeatStore, load: StoreLoad, lock: threading.Lock, token: str = "") -> None:
+    def __init__(
+        self, store: HeartbeatStore, load: StoreLoad, lock: threading.Lock, token: str = "", *, per_tick: bool = False
+    ) -> None:
         self._store = store
         self._load = load
         self._lock = lock
         self.token = token
+        self._held = StoreLoad() if per_tick else None
 
     def _count(self, keys: int) -> None:
+        if self._held is not None:
+            self._held.calls += 1
+            self._held.keys += keys
+            return
         with self._lock:
             self._load.calls += 1
             self._load.keys += keys
+
+    def commit(self) -> None:
+        """Under the load's lock: the counts held since the last tick go into the load."""
+        if self._held is not None:
+            self._load.calls += self._held.calls
+            self._load.keys += self._held.keys
+            self._held = StoreLoad()
 
     def add(self, key: str, value: int) -> int:
         self._count(1)
@@ -428,7 +444,7 @@ class _Link(_Owner):
                 sent = clock.now()
                 silent = host.see(self._call(beats.get, theirs), sent, clock.now())
                 called_off = int(silent == 0.0)
-            self._detector._count_tick(link=True, silence=silent, late=clock.take_late(), called_off=called_off)
+            self._detector._count_tick(beats, link=True, silence=silent, late=clock.take_late(), called_off=called_off)
             if silent > 2 * tick:  # a beat missed, or more: each world judges by its own settings
                 for watch in watches:
                     watch.judge(0, silent)
@@ -498,7 +514,7 @@ class Detector(_Owner):
         except Exception as exc:
             raise StoreLost(f"cannot reach the failure detector of rank 0 at {key[0]}:{key[1]}: {short(exc)}") from exc
         with self._lock:
-            beats = self._counted(store, self._load.beat_stores, key[2])
+            beats = self._counted(store, self._load.beat_stores, key[2], per_tick=True)
             link = self._links.setdefault(key, _Link(self, key, beats))
             link.pins += 1
 
@@ -559,11 +575,14 @@ class Detector(_Owner):
 
     # -- for the links -------------------------------------------------------------------
 
-    def _counted(self, store: HeartbeatStore, load: StoreLoad, token: str = "") -> _Counted:
-        return _Counted(store, load, self._load_lock, token)
+    def _counted(self, store: HeartbeatStore, load: StoreLoad, token: str = "", *, per_tick: bool = False) -> _Counted:
+        return _Counted(store, load, self._load_lock, token, per_tick=per_tick)
 
-    def _count_tick(self, *, link: bool, silence: float = 0.0, late: int = 0, called_off: int = 0) -> None:
+    def _count_tick(
+        self, beats: _Counted, *, link: bool, silence: float = 0.0, late: int = 0, called_off: int = 0
+    ) -> None:
         with self._load_lock:
+            beats.commit()
             load = self._load
             if link:
                 load.link_ticks += 1
@@ -602,7 +621,7 @@ class Detector(_Owner):
 
     def _serve(self, host: str) -> None:
         server = store_server.serve(host, 0)
-        beats = self._counted(server, self._load.beat_stores, self.token)
+        beats = self._counted(server, self._load.beat_stores, self.token, per_tick=True)
         beats.add(beat_key(self.token), 0)
         beats.add(news_key(self.token), 0)
         self._server, self._beats = server, beats
@@ -691,7 +710,7 @@ class Detector(_Owner):
                 silences[token] = self._counters[token].see(value, sent, returned)
         called_off = sum(silences[t] == 0.0 for t in suspects)
         longest = max(silences.values(), default=0.0)
-        self._count_tick(link=False, silence=longest, called_off=called_off)
+        self._count_tick(beats, link=False, silence=longest, called_off=called_off)
         for token, silent in silences.items():
             worlds = self._members[token]
             if silent > 2 * min(w.interval for w in worlds):  # as in _Link._loop
