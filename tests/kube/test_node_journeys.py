@@ -592,8 +592,8 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path
 ) -> None:
     """world1's workers ask for more GPUs than any node has: world1 stays Pending (naming its
-    waiting pods and why, one Event), with no restart however many join timeouts pass, while
-    world2 runs."""
+    waiting pods, their member, the GPUs each asks for and the scheduler's words; one Event),
+    with no restart however many join timeouts pass, while world2 runs."""
     import yaml
 
     name = "unschedulable"
@@ -612,11 +612,14 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
         waiting = kube.wait_world("world1", lambda s: len(s.get("waiting") or {}) == 2, "waiting for w1", name=name)
         world1 = waiting["worlds"]["world1"]
         assert world1["phase"] == "Pending"
-        assert all(r.startswith("Unschedulable") and "nvidia.com/gpu" in r for r in world1["waiting"].values()), world1
+        # The scheduler's words, with the member and what each of its pods asks for.
+        asked = f"Unschedulable (member w1, {GPUS_PER_NODE + 1} {GPU_RESOURCE} a pod): "
+        assert all(r.startswith(asked) and f"Insufficient {GPU_RESOURCE}" in r for r in world1["waiting"].values())
         time.sleep(12)  # several join timeouts of the leader in world1
         world1 = kube.status(name)["worlds"]["world1"]
         assert world1["phase"] == "Pending" and world1["restarts"] == 0 and world1["epoch"] == 1, world1
-        assert [e.reason for e in kube.events(name)].count("WorldWaiting") == 1
+        (told,) = [e.message for e in kube.events(name) if e.reason == "WorldWaiting"]
+        assert all(f"pod {pod}: {asked}" in told for pod in world1["waiting"]), told
         assert kube.status(name)["worlds"]["world2"]["phase"] == "Running"
 
 

@@ -40,11 +40,12 @@ def manifest(
     tmp_path: Path,
     worlds: list[dict] | None = None,
     members: list[dict] | None = None,
-    example: str = "all_gather",
+    example: str = "all_gather/multiworld.yaml",
     steps: int = 100000,
 ) -> Path:
-    """A copy of an example's manifest with fast steps, and the topology given (else its own)."""
-    doc = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
+    """A copy of an example's manifest (its path under examples/) with fast steps, and the
+    topology given (else its own)."""
+    doc = yaml.safe_load((REPO / "examples" / example).read_text())
     doc["metadata"]["name"] = run_name(tmp_path)
     if members is not None:
         doc["spec"]["members"] = members
@@ -180,11 +181,18 @@ def test_killing_a_store_host_rebuilds_its_world_and_spares_the_other(tmp_path):
     assert summary["_rc"] == 0
 
 
-@pytest.mark.parametrize(
-    "example", ["send_recv", "all_gather", "broadcast", "reduce", "all_reduce", "gather", "scatter", "single_world"]
+# Every manifest of the examples, variants included (serving's: tests/examples/test_examples_serving.py).
+EXAMPLE_MANIFESTS = sorted(
+    str(p.relative_to(REPO / "examples"))
+    for p in (REPO / "examples").glob("*/multiworld*.yaml")
+    if p.parent.name != "serving"
 )
+
+
+@pytest.mark.parametrize("example", EXAMPLE_MANIFESTS)
 def test_every_example_manifest_runs_to_completion_locally(tmp_path, example):
-    """The committed manifest as it is (its own members and worlds), only with fewer steps."""
+    """The committed manifest as it is (its own members and worlds, the GPU variant's requests),
+    only with fewer steps."""
     # The run ends by itself when every member finished its steps (--duration only bounds a hang).
     summary = run(manifest(tmp_path, example=example, steps=20), tmp_path, "--duration", "240")
     assert summary["_rc"] == 0, summary["_stderr"]
@@ -197,7 +205,13 @@ def test_a_plain_torch_world_loses_every_rank_to_one_death(tmp_path):
     """single_world's manifest: one plain torch.distributed world. A kill fails that world, so
     every one of its pods is recreated (the contrast with the multi-world examples)."""
     summary = run(
-        manifest(tmp_path, example="single_world"), tmp_path, "--kill", "workers:1", "--after", "4", *UNTIL_RECOVERED
+        manifest(tmp_path, example="single_world/multiworld.yaml"),
+        tmp_path,
+        "--kill",
+        "workers:1",
+        "--after",
+        "4",
+        *UNTIL_RECOVERED,
     )
     recovered_once(summary, "world")
     assert summary["_rc"] == 0

@@ -35,8 +35,8 @@ def container_images(template: dict[str, Any] | None) -> list[str]:
 
 
 def test_every_example_names_the_one_worker_image_the_readme_replaces() -> None:
-    manifests = sorted((REPO / "examples").glob("*/multiworld.yaml"))
-    assert len(manifests) >= 9
+    manifests = sorted((REPO / "examples").glob("*/multiworld*.yaml"))
+    assert len(manifests) >= 10
     for path in manifests:
         spec = yaml.safe_load(path.read_text())["spec"]
         templates = [spec.get("template"), *(member.get("template") for member in spec["members"])]

@@ -260,6 +260,29 @@ def test_a_shared_pod_its_worlds_name_a_step_apart_is_replaced() -> None:
     assert (sim.epoch("world1"), sim.epoch("world2")) == (2, 2)
 
 
+def test_an_unschedulable_pod_is_told_with_its_member_and_the_gpus_it_asks_for() -> None:
+    """The scheduler counts nodes ("Insufficient nvidia.com/gpu"); the status and the Event
+    add which member and how many GPUs each of its pods asks for."""
+    gpus = {"spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 6}}}]}}
+    sim = Sim(
+        make(
+            [{"name": "leader"}, {"name": "w1", "replicas": 2, "template": gpus}],
+            [{"name": "world1", "ranks": ["leader", "w1"], "backend": "gloo"}],
+        )
+    )
+    sim.step()
+    sim.start_all()
+    scheduler = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    sim.pods[W1_1] = sim.pods[W1_1].model_copy(
+        update={"phase": "Pending", "joined": None, "waiting": f"Unschedulable: {scheduler}"}
+    )
+    result = sim.step()
+    said = f"Unschedulable (member w1, 6 nvidia.com/gpu a pod): {scheduler}"
+    assert result.status.worlds["world1"].waiting == {W1_1: said}
+    (waiting,) = [e.message for e in result.events if e.reason == "WorldWaiting"]
+    assert waiting == f"world world1 epoch 1 waits for pod {W1_1}: {said}"
+
+
 # failurePolicy.joinTimeout's default: the planner looks again then at a kept pod not seen joining.
 JOIN_TIMEOUT_S = 300.0
 JOIN_TIMED_OUT = "join failed: world 'world1' epoch 1: timed out waiting for rank(s) 2"
@@ -280,12 +303,12 @@ def test_slow_scheduling_is_not_a_failure() -> None:
     )
     result = sim.step()
     world1 = result.status.worlds["world1"]
-    assert world1.phase == "Pending" and world1.waiting == {
-        W1_1: "Unschedulable: 0/1 nodes are available: 1 Insufficient nvidia.com/gpu"
-    }
+    # The scheduler's words, with the member and what each of its pods asks for.
+    said = "Unschedulable (member w1): 0/1 nodes are available: 1 Insufficient nvidia.com/gpu"
+    assert world1.phase == "Pending" and world1.waiting == {W1_1: said}
     assert sorted(reasons(sim)) == [("WorldReady", "world2"), ("WorldWaiting", "world1")]
     (waiting,) = [e.message for e in result.events if e.reason == "WorldWaiting"]
-    assert W1_1 in waiting and "Insufficient nvidia.com/gpu" in waiting
+    assert f"pod {W1_1}: {said}" in waiting
     sim.advance(300)
     sim.report("world1", epoch=1, pod=LEADER, reason=JOIN_TIMED_OUT)
     result = sim.step()

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from multiworld_operator.spec import SpecError, load_manifest, parse_duration, parse_manifest, spare_name
+from multiworld_operator.spec.models import gpus_per_pod
 
 pytestmark = pytest.mark.quick
 
@@ -252,6 +253,17 @@ def test_gpu_requests_may_be_strings_or_requests() -> None:
     assert mw.backend_of("world1") == "nccl"
     zero = {"spec": {"containers": [{"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 0}}}]}}
     assert parse_manifest(manifest(template=zero)).backend_of("world1") == "gloo"
+
+
+def test_gpus_per_pod_adds_up_its_containers_and_takes_limits_or_requests() -> None:
+    def container(resources: dict[str, Any]) -> dict[str, Any]:
+        return {"name": "c", "image": "x", "resources": resources}
+
+    both = [container({"limits": {"nvidia.com/gpu": 2}, "requests": {"nvidia.com/gpu": "2"}})]
+    assert gpus_per_pod({"spec": {"containers": both + [container({"requests": {"nvidia.com/gpu": "3"}})]}}) == 5
+    assert gpus_per_pod({"spec": {"containers": [container({"limits": {"cpu": "1"}})]}}) == 0
+    assert gpus_per_pod({"spec": {"containers": [container({"limits": {"nvidia.com/gpu": "one"}})]}}) == 0
+    assert gpus_per_pod({"spec": {}}) == 0
 
 
 def test_explicit_backends_override_the_default() -> None:

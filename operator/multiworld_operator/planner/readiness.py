@@ -11,6 +11,7 @@ from datetime import datetime
 
 from multiworld_operator.planner.status import WorldStatus, clipped
 from multiworld_operator.planner.step import Step
+from multiworld_operator.spec.models import GPU_RESOURCE, gpus_per_pod
 
 
 def finish_worlds(step: Step) -> None:
@@ -69,7 +70,7 @@ def _note_waiting(step: Step, name: str, state: WorldStatus) -> None:
         if seen is None:
             waiting[pod] = "not created yet"
         elif seen.phase == "Pending":
-            waiting[pod] = clipped(seen.waiting or "Pending")
+            waiting[pod] = clipped(_with_ask(step, pod, seen.waiting or "Pending"))
     before = step.previous.worlds.get(name)
     told = (
         before is not None and before.epoch == state.epoch and any(_worth_telling(r) for r in before.waiting.values())
@@ -84,6 +85,18 @@ def _note_waiting(step: Step, name: str, state: WorldStatus) -> None:
             f"world {name} epoch {state.epoch} waits for "
             + "; ".join(f"pod {pod}: {reason}" for pod, reason in stuck.items()),
         )
+
+
+def _with_ask(step: Step, pod: str, reason: str) -> str:
+    """A pod the scheduler cannot place: its member, and the GPUs each of its pods asks for,
+    beside the scheduler's words (which count nodes, not what was asked)."""
+    head, sep, rest = reason.partition(": ")
+    if head != "Unschedulable":
+        return reason
+    member, _ = step.mw.member_of_pod(pod)
+    gpus = gpus_per_pod(step.mw.template_of(member))
+    ask = f"member {member}" + (f", {gpus} {GPU_RESOURCE} a pod" if gpus else "")
+    return f"{head} ({ask}){sep}{rest}"
 
 
 # Why a pod waits while it simply starts: not worth an Event.

@@ -348,7 +348,7 @@ class MultiWorld(_SpecModel):
         choice = self.world(world).backend or self.spec.backend
         if choice != "auto":
             return choice
-        gpus = all(requests_gpu(self.template_of(m)) for m in self.world(world).ranks)
+        gpus = all(gpus_per_pod(self.template_of(m)) > 0 for m in self.world(world).ranks)
         return "nccl" if gpus else "gloo"
 
     def local_backend_of(self, world: str, cuda_available: bool) -> tuple[Backend, str | None]:
@@ -360,20 +360,19 @@ class MultiWorld(_SpecModel):
         return choice, None
 
 
-def requests_gpu(template: Mapping[str, Any]) -> bool:
-    """Whether any container of a PodTemplateSpec asks for at least one `nvidia.com/gpu`."""
+def gpus_per_pod(template: Mapping[str, Any]) -> int:
+    """How many `nvidia.com/gpu` a pod of this PodTemplateSpec asks for: its containers' limits
+    or requests, whichever is more, added up (a quantity that is not a whole number counts 0)."""
+    total = 0
     containers = get(get(template, "spec"), "containers")
     for container in containers if isinstance(containers, list) else []:
         resources = get(container, "resources")
-        for kind in ("limits", "requests"):
-            amount = get(get(resources, kind), GPU_RESOURCE)
-            if _positive_quantity(amount):
-                return True
-    return False
+        total += max(_whole(get(get(resources, kind), GPU_RESOURCE)) for kind in ("limits", "requests"))
+    return total
 
 
-def _positive_quantity(value: object) -> bool:
+def _whole(value: object) -> int:
     try:
-        return float(str(value)) > 0
+        return max(int(str(value)), 0)
     except ValueError:
-        return False
+        return 0
