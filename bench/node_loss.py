@@ -10,8 +10,8 @@ Each trial applies examples/all_gather (the leader in world1 and world2, two pod
 besides) as a MultiWorld of its own, with its leader asked onto the lost node and every other pod
 onto the kept one (a preferred node affinity, which the operator's own preference for another
 node than a silent pod's outweighs, so the replacement may go elsewhere). With a warm spare, the
-lost node is cordoned while the leader's spare is added (`spares: 1`, kubectl apply), so the
-spare waits on the kept node, and uncordoned before the fault. Then the fault (tests/cluster's
+leader's spare is added once it runs (`spares: 1`, kubectl apply), placed where the operator
+places it by default: off the leader's node, so on the kept one. Then the fault (tests/cluster's
 `power-off` or `partition`), the watch until both worlds run at a new epoch with no rank on the
 lost node, the node healed, and the MultiWorld deleted.
 
@@ -53,13 +53,13 @@ from kubernetes import client
 
 from tests.cluster.cluster import Cluster
 from tests.support import bench_common as common, node_support as support
-from tests.support.node_loss import Timeline, formed_at, placed_by_preference, watch_recovery
+from tests.support.node_loss import Timeline, add_spare, formed_at, placed_by_preference, watch_recovery
 from tests.support.operator_support import KubeNamespace, wait_for
 
 FAULTS = ("power-off", "partition")
 MODES = ("new_pod", "warm_spare")
-# --quick: each fault and each mode once.
-QUICK = (("power-off", "warm_spare"), ("partition", "new_pod"))
+# --quick: each fault and each mode once (tests/kube/test_node_loss.py's journeys take the other two).
+QUICK = (("power-off", "new_pod"), ("partition", "warm_spare"))
 WAIT_S = 300.0
 RECOVERY_LIMIT_S = 420.0
 PLACEMENT_ATTEMPTS = 5
@@ -111,26 +111,6 @@ def _running(kube: KubeNamespace, name: str) -> dict[str, Any] | None:
     worlds = status.get("worlds") or {}
     up = status.get("phase") == "Running" and worlds and all(formed_at(w) for w in worlds.values())
     return status if up else None
-
-
-def _add_spare(cluster: Cluster, operator: support.Operator, kube: KubeNamespace, path: Path, name: str) -> None:
-    """One warm spare of the leader, started while the lost node is cordoned: it waits on the kept one."""
-    lost = cluster.nodes[1].name
-    manifest = yaml.safe_load(path.read_text())
-    for member in manifest["spec"]["members"]:
-        if member["name"] == "leader":
-            member["spares"] = 1
-    path.write_text(yaml.safe_dump(manifest))
-    support.kubectl(cluster, "cordon", lost)
-    try:
-        support.kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
-        wait_for(
-            "the leader's warm spare ready",
-            lambda: (kube.status(name).get("spares") or {}).get("leader") == "1/1",
-            WAIT_S,
-        )
-    finally:
-        support.kubectl(cluster, "uncordon", lost)
 
 
 def _set_env(path: Path, name: str, value: str) -> None:
@@ -231,7 +211,7 @@ def trial(
     with _leader_on_lost(cluster, operator, kube, scratch, base, dead_after, logs) as (name, path):
         status = kube.status(name)
         if mode == "warm_spare":
-            _add_spare(cluster, operator, kube, path, name)
+            add_spare(cluster, operator, kube, path, name, "leader")
         pods = kube.pods(name)
         leader = f"{name}-leader-0"
         epochs = {w: s["epoch"] for w, s in status["worlds"].items()}

@@ -13,7 +13,6 @@ MultiWorld by a Warning Event naming the pod), and the workers' ServiceAccount m
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from multiworld.contract import (
 )
 from multiworld_operator.kube.client.api_basics import MERGE_PATCH
 from tests.cluster.cluster import Cluster
+from tests.support import worker_link
 from tests.support.operator_support import (
     WORKER_SA,
     Kubelet,
@@ -75,9 +75,7 @@ def two(messages: list[str]) -> list[str] | None:
 def hello_answer(kube: KubeNamespace, hello: Hello) -> ChannelMessage:
     """What the operator answers a raw connection that opens with `hello`."""
     _, host, port = parse_url(channel_url(kube.core, kube.namespace, LEADER))
-    with socket.create_connection((host, port), timeout=WAIT_S) as sock, sock.makefile("rb") as lines:
-        sock.sendall(ChannelMessage(hello=hello).encode())
-        return ChannelMessage.decode(lines.readline())
+    return worker_link.hello_answer(host, port, hello, WAIT_S)
 
 
 @pytest.fixture

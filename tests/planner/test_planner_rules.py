@@ -283,6 +283,27 @@ def test_an_unschedulable_pod_is_told_with_its_member_and_the_gpus_it_asks_for()
     assert waiting == f"world world1 epoch 1 waits for pod {W1_1}: {said}"
 
 
+def test_a_lost_node_is_said_in_a_condition_while_the_platform_says_it_was_lost_lately() -> None:
+    """No NodeLost condition before any node is lost; True, naming each node and when, while
+    the platform says so; False (its time the moment it changed) once it no longer does."""
+    sim = Sim(seed_topology())
+    sim.step()
+    sim.start_all()
+    assert sim.step().status.condition("NodeLost") is None
+    sim.advance(5)
+    sim.lost_nodes = {"node-b": sim.now - timedelta(seconds=1), "node-a": sim.now}
+    lost = condition(sim.step().status, "NodeLost")
+    assert (lost.status, lost.reason, lost.last_transition_time) == ("True", "NodesLost", sim.now)
+    assert lost.message == (
+        "lost: node node-a at 2024-05-01T12:00:05Z; node node-b at 2024-05-01T12:00:04Z; "
+        "the pods there are replaced on other nodes"
+    )
+    sim.advance(120)
+    sim.lost_nodes = {}
+    gone = condition(sim.step().status, "NodeLost")
+    assert (gone.status, gone.reason, gone.last_transition_time) == ("False", "NoNodeLost", sim.now)
+
+
 # failurePolicy.joinTimeout's default: the planner looks again then at a kept pod not seen joining.
 JOIN_TIMEOUT_S = 300.0
 JOIN_TIMED_OUT = "join failed: world 'world1' epoch 1: timed out waiting for rank(s) 2"

@@ -1,5 +1,6 @@
 """What the node-loss journeys and bench/node_loss.py share: where a MultiWorld's pods are asked
-to go, and the watch from a fault until every world with a rank on the lost node runs again."""
+to go, a warm spare added where the operator places it, the GPUs each pod was given, and the
+watch from a fault until every world with a rank on the lost node runs again."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client
 
+from tests.cluster.cluster import Cluster
 from tests.cluster.host import cgroup_pids
-from tests.support.operator_support import KubeNamespace
+from tests.support.node_support import WAIT_S, Operator, kubectl
+from tests.support.operator_support import KubeNamespace, wait_for
 
 
 @dataclass
@@ -119,3 +123,34 @@ def placed_by_preference(path: Path, on_lost: set[str], lost: str, kept: str, un
             "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "preference": term}]}
         }
     path.write_text(yaml.safe_dump(manifest))
+
+
+def add_spare(cluster: Cluster, operator: Operator, kube: KubeNamespace, path: Path, name: str, member: str) -> None:
+    """One warm spare of `member` added to the running MultiWorld (`spares: 1`, kubectl apply),
+    placed as the operator asks by default (off the nodes of the pods it stands in for); waits
+    until it is ready."""
+    manifest = yaml.safe_load(path.read_text())
+    for entry in manifest["spec"]["members"]:
+        if entry["name"] == member:
+            entry["spares"] = 1
+    path.write_text(yaml.safe_dump(manifest))
+    kubectl(cluster, "apply", "-n", operator.apps, "-f", str(path))
+    wait_for(
+        f"{member}'s warm spare ready", lambda: (kube.status(name).get("spares") or {}).get(member) == "1/1", WAIT_S
+    )
+
+
+def gpus_given(cluster: Cluster, pods: dict[str, client.V1Pod]) -> dict[str, str]:
+    """Per pod, the devices its node's device plugin gave it: NVIDIA_VISIBLE_DEVICES in its
+    processes' environment, read on its node (the pause process has none)."""
+    given = {}
+    for name, pod in pods.items():
+        for pid in pod_processes(cluster.node_named(pod.spec.node_name).cgroup_root, {pod.metadata.uid}):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            devices = [e.partition(b"=")[2].decode() for e in env if e.startswith(b"NVIDIA_VISIBLE_DEVICES=")]
+            if devices:
+                given[name] = devices[0]
+    return given

@@ -78,11 +78,12 @@ def example_manifest(
     steps: int = 100000,
     interval: float = 0.5,
     spares: dict[str, int] | None = None,
+    variant: str = "multiworld.yaml",
 ) -> Path:
-    """examples/<example>/multiworld.yaml as committed, with our worker image (never pulled),
-    its own name, a first restart with no delay (its failure policy kept otherwise), steps
-    enough to outlast the test, and the warm spares given per member."""
-    manifest: dict[str, Any] = yaml.safe_load((REPO / "examples" / example / "multiworld.yaml").read_text())
+    """examples/<example>/<variant> as committed, with our worker image (never pulled), its own
+    name, a first restart with no delay (its failure policy kept otherwise), steps enough to
+    outlast the test, and the warm spares given per member."""
+    manifest: dict[str, Any] = yaml.safe_load((REPO / "examples" / example / variant).read_text())
     manifest["metadata"]["name"] = name
     spec = manifest["spec"]
     (container,) = spec["template"]["spec"]["containers"]

@@ -62,11 +62,15 @@ class Sim:
         self.last: Plan | None = None
         # Pods whose process is frozen: Running, but their worker follows no table.
         self.frozen: set[str] = set()
+        # Nodes the platform found lost lately, and when.
+        self.lost_nodes: dict[str, datetime] = {}
 
     # -- the platform side ------------------------------------------------------------------
 
     def observation(self) -> Observation:
-        return Observation(now=self.now, pods=list(self.pods.values()), reports=list(self.reports))
+        return Observation(
+            now=self.now, pods=list(self.pods.values()), reports=list(self.reports), lost_nodes=dict(self.lost_nodes)
+        )
 
     def plan(self) -> Plan:
         self.last = plan(self.mw, self.status, self.observation(), endpoint=endpoint)

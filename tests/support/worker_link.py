@@ -6,6 +6,7 @@ pod's own environment says (MULTIWORLD_TABLE, as the operator wrote it)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,15 @@ from typing import Any
 from kubernetes import client
 
 from multiworld.channels.stream import StreamChannel, parse_url
-from multiworld.contract import ENV_TABLE, TOKEN_AUDIENCE, BrokenWorldReport, ChannelMessage, WorkerStatus, WorldTable
+from multiworld.contract import (
+    ENV_TABLE,
+    TOKEN_AUDIENCE,
+    BrokenWorldReport,
+    ChannelMessage,
+    Hello,
+    WorkerStatus,
+    WorldTable,
+)
 
 TOKEN_LIFETIME_S = 3600
 
@@ -41,6 +50,13 @@ def channel_url(core: client.CoreV1Api, namespace: str, pod: str) -> str:
     found: Any = core.read_namespaced_pod(pod, namespace)
     (value,) = [e.value for e in found.spec.containers[0].env if e.name == ENV_TABLE]
     return str(value)
+
+
+def hello_answer(host: str, port: int, hello: Hello, timeout: float) -> ChannelMessage:
+    """What the operator's channel at host:port answers a raw connection that opens with `hello`."""
+    with socket.create_connection((host, port), timeout=timeout) as sock, sock.makefile("rb") as lines:
+        sock.sendall(ChannelMessage(hello=hello).encode())
+        return ChannelMessage.decode(lines.readline())
 
 
 class WorkerLink:

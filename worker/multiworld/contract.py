@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Backend = Literal["gloo", "nccl"]
 
@@ -261,7 +261,8 @@ class BrokenWorldReport(_Model):
     reason: str
     peer_rank: int | None = None
     pod: str = ""
-    time: datetime = Field(default_factory=_now)
+    # Times carry their zone: the platform compares them with its own (and each other).
+    time: AwareDatetime = Field(default_factory=_now)
     # The member pod a warm spare plays, when `pod` is one ("" otherwise).
     plays: str = ""
 
@@ -277,9 +278,10 @@ class WorkerStatus(_Model):
     joining: dict[str, int] = Field(default_factory=dict)
     errors: dict[str, int] = Field(default_factory=dict)
     # The process's own clock: when its program was ready (its imports done) and when it joined
-    # each world it holds, so that a recovery's time can be split at the worker's side.
-    started: datetime | None = None
-    joined_at: dict[str, datetime] = Field(default_factory=dict)
+    # each world it holds, so that a recovery's time can be split at the worker's side; with
+    # their zone, as every time on the channel.
+    started: AwareDatetime | None = None
+    joined_at: dict[str, AwareDatetime] = Field(default_factory=dict)
     # A warm spare: `waiting` while it waits for an identity (its program is ready), then the
     # member pod it `plays`.
     waiting: bool = False

@@ -245,7 +245,10 @@ class Reconciler:
         previous = self.memory.remembered
         placed = {pod.uid: pod.node for pod in pods}
         lost = self.lost.reasons(placed)
-        planned = await asyncio.to_thread(self._plan_step, multiworld, previous, pods, workers, reports, lost)
+        lost_nodes = self.lost.lost_at(datetime.now(UTC))
+        planned = await asyncio.to_thread(
+            self._plan_step, multiworld, previous, pods, workers, reports, lost, lost_nodes
+        )
         result, seen = planned.result, planned.seen
         with failing_as(f"storing the operator's memory (ConfigMap {self.name})"):
             refused = await self.memory.remember(body, result.status)
@@ -283,18 +286,20 @@ class Reconciler:
         workers: Mapping[str, WorkerStatus],
         reports: list[BrokenWorldReport],
         lost: Mapping[str, str],
+        lost_nodes: Mapping[str, datetime],
     ) -> Planned:
         """The step's plan, in a worker thread (pure: it only reads its arguments). A plan that
         deletes pods is followed by one from its status that sees them gone, so that their
         replacements are created in this step rather than on the next watch event; the last
         plan's status (the memory, stored before any delete) accounts for every delete. `lost`: pod
-        uid -> why that instance is lost with its host (lost_hosts.py)."""
+        uid -> why that instance is lost with its host; `lost_nodes`: the nodes lost lately, and
+        when (lost_hosts.py)."""
         deletes: dict[str, str] = {}
         silent: set[str] = set()
         events: list[EmitEvent] = []
         for _ in range(REPLANS):
             seen = observe_pods(pods, workers, reports, silent_is_unjoined=self._reconnecting(), lost=lost)
-            result = self._plan(multiworld, previous, seen)
+            result = self._plan(multiworld, previous, seen, lost_nodes)
             events += result.events
             batch = {
                 d.pod: seen.present[d.pod]
@@ -333,12 +338,18 @@ class Reconciler:
             if self.memory.remembered is None:
                 self.reconnect_until = 0.0  # a MultiWorld new to the operator: no worker to wait for
 
-    def _plan(self, multiworld: MultiWorld, previous: MultiWorldStatus | None, seen: ObservedPods) -> Plan:
+    def _plan(
+        self,
+        multiworld: MultiWorld,
+        previous: MultiWorldStatus | None,
+        seen: ObservedPods,
+        lost_nodes: Mapping[str, datetime],
+    ) -> Plan:
         ports = world_ports(multiworld, previous.table if previous else None)
         return plan(
             multiworld,
             previous,
-            Observation(now=datetime.now(UTC), pods=seen.pods, reports=seen.reports),
+            Observation(now=datetime.now(UTC), pods=seen.pods, reports=seen.reports, lost_nodes=dict(lost_nodes)),
             endpoint=lambda world, rank0: (rendezvous_host(self.name, rank0), ports[world]),
         )
 

@@ -41,6 +41,9 @@ class PodProcesses:
         self.warm: set[str] = set()  # spares whose worker waits for an identity
         self.reports: list[BrokenWorldReport] = []
         self.breaks: dict[str, dict[int, int]] = {}  # per world and epoch: breaks reported
+        # (pod, world, epoch) of each break counted: a worker sends its latest report again on
+        # every connection, and a report replayed is the same break.
+        self.counted: set[tuple[str, str, int]] = set()
         self.ever_joined: set[str] = set()  # processes that joined a world at least once
         self.failed_starts: dict[str, int] = {}  # per member: starts in a row that never joined
         self.failures_said: set[str] = set()  # the last output of every failed process said so far
@@ -49,7 +52,9 @@ class PodProcesses:
     # --- what the workers say (the channel server's callbacks) ----------------------------
     def on_report(self, report: BrokenWorldReport) -> None:
         self.reports.append(report)
-        if not report.reason.startswith(JOIN_FAILED):
+        once = (report.pod, report.world, report.epoch)
+        if not report.reason.startswith(JOIN_FAILED) and once not in self.counted:
+            self.counted.add(once)
             epochs = self.breaks.setdefault(report.world, {})
             epochs[report.epoch] = epochs.get(report.epoch, 0) + 1
         self.on_change()

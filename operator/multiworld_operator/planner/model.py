@@ -55,6 +55,9 @@ class Observation(_Model):
     now: datetime
     pods: list[PodObservation] = Field(default_factory=list)
     reports: list[BrokenWorldReport] = Field(default_factory=list)
+    # Nodes the platform found lost lately with pods of this MultiWorld (their pods observed
+    # Failed), and when: the status says so (the NodeLost condition).
+    lost_nodes: dict[str, datetime] = Field(default_factory=dict)
 
     @field_validator("now")
     @classmethod

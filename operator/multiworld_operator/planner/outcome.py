@@ -1,5 +1,5 @@
 """What a step leaves besides its actions: the next status (the overall phase, the conditions
-Ready, Degraded, Progressing and Suspended, the counts `kubectl get mw` shows) and when to plan
+Ready, Degraded, Progressing, Suspended and NodeLost, the counts `kubectl get mw` shows) and when to plan
 again.
 """
 
@@ -11,7 +11,7 @@ from multiworld.contract import WorldTable
 from multiworld_operator.planner.recovery import join_deadline, silent
 from multiworld_operator.planner.rollout import refilling, updated_counts
 from multiworld_operator.planner.spares import spare_counts
-from multiworld_operator.planner.status import Condition, ConditionStatus, MultiWorldStatus, Phase
+from multiworld_operator.planner.status import Condition, ConditionStatus, MultiWorldStatus, Phase, clipped
 from multiworld_operator.planner.step import Step
 
 
@@ -52,6 +52,18 @@ def next_status(step: Step, table: WorldTable) -> MultiWorldStatus:
                 "spec.suspend is true: no pod runs; each world keeps its history"
                 if suspended
                 else "spec.suspend is false",
+            )
+        )
+    lost = step.observation.lost_nodes
+    if lost or step.previous.condition("NodeLost") is not None:
+        told = "; ".join(f"node {node} at {at:%Y-%m-%dT%H:%M:%SZ}" for node, at in sorted(lost.items()))
+        conditions.append(
+            _condition(
+                step,
+                "NodeLost",
+                bool(lost),
+                "NodesLost" if lost else "NoNodeLost",
+                clipped(f"lost: {told}; the pods there are replaced on other nodes") if lost else "no node lost lately",
             )
         )
     generation = step.mw.metadata.generation

@@ -110,11 +110,15 @@ class LostHosts:
                 why[uid] = _reason(node, at, "a worker's connection there")
         return why
 
-    def avoid(self, now: datetime) -> list[str]:
-        """The nodes new pods stay off now: those lost within AVOID_S."""
+    def lost_at(self, now: datetime) -> dict[str, datetime]:
+        """The nodes lost within AVOID_S, and when each was last."""
         since = now - timedelta(seconds=AVOID_S)
         self._nodes = {node: at for node, at in self._nodes.items() if at > since}
-        return sorted(self._nodes)
+        return dict(self._nodes)
+
+    def avoid(self, now: datetime) -> list[str]:
+        """The nodes new pods stay off now: those lost within AVOID_S."""
+        return sorted(self.lost_at(now))
 
     def suspected(self, now: datetime) -> list[str]:
         """The nodes new pods rather go elsewhere than now (a preference, not a rule: the silent
