@@ -114,21 +114,14 @@ def _keep_off(spec: dict[str, Any], nodes: Sequence[str]) -> None:
 
 
 def _rather_off(spec: dict[str, Any], nodes: Sequence[str], multiworld: str, member: str) -> None:
-    """A preferred node affinity, as heavy as the API allows, for any node but `nodes`, and the
-    member's spread (`_member_spread`): the scheduler's default spread (over the pods of the
-    MultiWorld's Service) would favour the node emptied by the loss, the very node this pod
-    should rather not go to, over the affinity."""
+    """A preferred node affinity, as heavy as the API allows, for any node but `nodes`. Where the
+    template sets no topology spread, the pod spreads over nodes with its member's pods only: the
+    scheduler's default spread (over the pods of the MultiWorld's Service) would favour the node
+    emptied by the loss, the very node this pod should rather not go to, over the affinity."""
     off = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}]}
     node_affinity = _affinity(spec, "nodeAffinity")
     key = "preferredDuringSchedulingIgnoredDuringExecution"
     node_affinity[key] = [*(node_affinity.get(key) or []), {"weight": 100, "preference": off}]
-    _member_spread(spec, multiworld, member)
-
-
-def _member_spread(spec: dict[str, Any], multiworld: str, member: str) -> None:
-    """Where the template sets no topology spread: the pod spreads over nodes with its member's
-    pods (member pods and spares) only, in place of the scheduler's default spread over every pod
-    of the MultiWorld's Service."""
     if not spec.get("topologySpreadConstraints"):
         spec["topologySpreadConstraints"] = [
             {
@@ -143,16 +136,14 @@ def _member_spread(spec: dict[str, Any], multiworld: str, member: str) -> None:
 # Where a warm spare rather goes: off the nodes of the pods it stands in for (a node lost takes
 # them, not it), then off those of its member's other idle spares (spread). Preferences, so a
 # cluster of one node still runs its spares; the scheduler weighs an existing pod's terms against
-# a new pod too, so the order in which member pods and spares are scheduled does not matter. The
-# member's spread backs them: the scheduler's default spread over the MultiWorld's pods would
-# pull a spare toward the node with the fewest of them, often the one its member's pods are on.
+# a new pod too, so the order in which member pods and spares are scheduled does not matter.
 SPARE_OFF_MEMBERS_WEIGHT = 100
 SPARE_SPREAD_WEIGHT = 50
 
 
 def _spare_placement(spec: dict[str, Any], multiworld: str, member: str) -> None:
     """A warm spare's preferred pod anti-affinity (see SPARE_OFF_MEMBERS_WEIGHT), added to the
-    template's own, and its member's spread."""
+    template's own."""
     ours = {NAME_LABEL: multiworld, MEMBER_LABEL: member}
     members = {"matchLabels": ours, "matchExpressions": [{"key": ORDINAL_LABEL, "operator": "Exists"}]}
     idle_spares = {
@@ -168,7 +159,6 @@ def _spare_placement(spec: dict[str, Any], multiworld: str, member: str) -> None
             for weight, selector in ((SPARE_OFF_MEMBERS_WEIGHT, members), (SPARE_SPREAD_WEIGHT, idle_spares))
         ),
     ]
-    _member_spread(spec, multiworld, member)
 
 
 def pod_body(
