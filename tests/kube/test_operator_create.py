@@ -5,10 +5,13 @@ it. The operator runs as the chart's ServiceAccount in every test (operator_supp
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from tests.support import apiserver_requests
 from tests.support.operator_support import (
     TWO_WORLDS_PODS,
     Scene,
@@ -161,6 +164,33 @@ def test_deleted_service_comes_back(scene: Scene) -> None:
             s for s in kube.core.list_namespaced_service(kube.namespace).items if s.metadata.uid != first.metadata.uid
         ],
     )
+
+
+# Services a tenant labels for its MultiWorld, created and deleted; how long the operator is
+# watched for what it writes after.
+DECOY_SERVICES = 20
+DECOYS_WATCHED_S = 3.0
+
+
+def test_a_deleted_service_not_its_own_costs_the_multiworld_nothing(scene: Scene) -> None:
+    """Anyone who may write Services may label them for a MultiWorld: their deletions make the
+    operator write nothing (only its own Service's comes back, test_deleted_service_comes_back)."""
+    kube = scene.kube
+    kube.create(two_worlds())
+    wait_for("the Service", lambda: kube.core.list_namespaced_service(kube.namespace).items)
+    before = apiserver_requests.scrape(kube.api)
+    for i in range(DECOY_SERVICES):
+        decoy = client.V1Service(
+            metadata=client.V1ObjectMeta(name=f"decoy-{i}", labels={"multiworld.io/name": "mw"}),
+            spec=client.V1ServiceSpec(ports=[client.V1ServicePort(port=80)]),
+        )
+        kube.core.create_namespaced_service(kube.namespace, decoy)
+        kube.core.delete_namespaced_service(f"decoy-{i}", kube.namespace, _preload_content=False)
+    time.sleep(DECOYS_WATCHED_S)
+    posted = apiserver_requests.scrape(kube.api) - before
+    created = ("POST", "services", "")
+    # Each deletion made the operator try its own Service again (409) before.
+    assert posted.without(created, "json", DECOY_SERVICES).by_kind()[created] == 0, posted.by_kind()
 
 
 def test_resource_amounts_written_as_numbers_become_pods(scene: Scene) -> None:

@@ -271,10 +271,9 @@ class Controller:
         if loop is not None and loop.reconciler.network_policy_changed(deleted, policy):
             loop.poke()
 
-    def service_deleted(self, namespace: str, multiworld: str) -> None:
+    def service_deleted(self, namespace: str, multiworld: str, service: Mapping[str, Any]) -> None:
         loop = self.loops.get((namespace, multiworld))
-        if loop is not None:
-            loop.reconciler.service_deleted()
+        if loop is not None and loop.reconciler.service_deleted(service):
             loop.poke()
 
     async def stop(self) -> None:

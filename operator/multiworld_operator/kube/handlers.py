@@ -131,7 +131,7 @@ async def service_event(
 ) -> None:
     assert namespace is not None  # services are namespaced
     if event["type"] == "DELETED":
-        memo.controller.service_deleted(namespace, labels[NAME_LABEL])
+        memo.controller.service_deleted(namespace, labels[NAME_LABEL], event["object"])
 
 
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels={NAME_LABEL: kopf.PRESENT})

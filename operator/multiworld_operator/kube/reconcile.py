@@ -190,9 +190,10 @@ class Reconciler:
         """The NetworkPolicy changed: True when it is no longer as made (the next step restores it)."""
         return self.networking.policy_changed(deleted, policy)
 
-    def service_deleted(self) -> None:
-        """The MultiWorld's Service went: the next step creates it again."""
-        self.networking.service_deleted()
+    def service_deleted(self, service: Mapping[str, Any]) -> bool:
+        """A Service labelled for this MultiWorld went: True when it was its own (the next step
+        creates it again)."""
+        return self.networking.service_deleted(service)
 
     @property
     def deleting(self) -> bool:

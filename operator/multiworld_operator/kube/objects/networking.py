@@ -24,9 +24,15 @@ class Networking:
         self._policy_checked: int | None = None
         self._policy_spec: dict[str, Any] | None = None
 
-    def service_deleted(self) -> None:
-        """The Service went: the next ensure_service creates it again."""
+    def service_deleted(self, service: Mapping[str, Any]) -> bool:
+        """A Service labelled for this MultiWorld went; True when it was ours (the next
+        ensure_service creates it again). Anyone who may write Services may label them: another
+        one's deletion costs nothing."""
+        meta = ObjectMeta.model_validate(service["metadata"])
+        if meta.name != self.name or not meta.owned_by(self.uid):
+            return False
         self._service_known = False
+        return True
 
     def policy_changed(self, deleted: bool, policy: Mapping[str, Any]) -> bool:
         """Our NetworkPolicy as the watch reported it; True when it is no longer as made (the
