@@ -619,7 +619,8 @@ def test_a_pod_that_cannot_be_scheduled_makes_its_world_wait_not_fail(
         world1 = kube.status(name)["worlds"]["world1"]
         assert world1["phase"] == "Pending" and world1["restarts"] == 0 and world1["epoch"] == 1, world1
         (told,) = [e.message for e in kube.events(name) if e.reason == "WorldWaiting"]
-        assert all(f"pod {pod}: {asked}" in told for pod in world1["waiting"]), told
+        # Said once, naming what waited then (one pod or both).
+        assert any(f"pod {pod}: {asked}" in told for pod in world1["waiting"]), told
         assert kube.status(name)["worlds"]["world2"]["phase"] == "Running"
 
 

@@ -1,7 +1,14 @@
+import asyncio
+import io
+from pathlib import Path
+
 import pytest
 
+from multiworld.contract import BrokenWorldReport
+from multiworld_operator.local.launcher import MemberLauncher
+from multiworld_operator.local.pod_processes import PodProcesses
 from multiworld_operator.local.summary import WorldTracker
-from multiworld_operator.local.view import WorldRow, format_table
+from multiworld_operator.local.view import LiveView, WorldRow, format_table
 
 pytestmark = pytest.mark.quick
 
@@ -73,3 +80,15 @@ def test_live_table_columns_line_up():
     assert lines[1].split() == ["world1", "Running", "2", "3/3", "1", "0"]
     starts = [line.index(cell) for line, cell in zip(lines, ["EPOCH", "2", "10"], strict=True)]
     assert len(set(starts)) == 1
+
+
+def test_a_break_heard_while_the_run_stops_its_processes_is_no_error() -> None:
+    """A member stopped before its peers breaks their worlds as the run ends (a store's host
+    gone): what they report then is the run's own doing, not an error of the world."""
+    pods = PodProcesses(
+        MemberLauncher("run", {}, Path(), Path(), {}), LiveView("run", io.StringIO(), live=False), lambda: None
+    )
+    pods.on_report(BrokenWorldReport(world="world1", epoch=2, reason="rank 0 sent no heartbeat", pod="w1-0"))
+    asyncio.run(pods.stop(0.0))
+    pods.on_report(BrokenWorldReport(world="world2", epoch=1, reason="store reset", pod="w2-0"))
+    assert (pods.breaks_of("world1"), pods.breaks_of("world2")) == ({2: 1}, {})

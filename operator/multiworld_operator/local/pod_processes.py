@@ -53,7 +53,9 @@ class PodProcesses:
     def on_report(self, report: BrokenWorldReport) -> None:
         self.reports.append(report)
         once = (report.pod, report.world, report.epoch)
-        if not report.reason.startswith(JOIN_FAILED) and once not in self.counted:
+        # A break heard while the run stops its processes is the run's own doing (a member
+        # stopped before its peers): no error.
+        if not self.stopping and not report.reason.startswith(JOIN_FAILED) and once not in self.counted:
             self.counted.add(once)
             epochs = self.breaks.setdefault(report.world, {})
             epochs[report.epoch] = epochs.get(report.epoch, 0) + 1
