@@ -263,6 +263,7 @@ def test_gpus_per_pod_adds_up_its_containers_and_takes_limits_or_requests() -> N
     assert gpus_per_pod({"spec": {"containers": both + [container({"requests": {"nvidia.com/gpu": "3"}})]}}) == 5
     assert gpus_per_pod({"spec": {"containers": [container({"limits": {"cpu": "1"}})]}}) == 0
     assert gpus_per_pod({"spec": {"containers": [container({"limits": {"nvidia.com/gpu": "one"}})]}}) == 0
+    assert gpus_per_pod({"spec": {"containers": [container({"limits": {"nvidia.com/gpu": 1.0}})]}}) == 1
     assert gpus_per_pod({"spec": {}}) == 0
 
 

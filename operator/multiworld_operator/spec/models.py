@@ -373,6 +373,7 @@ def gpus_per_pod(template: Mapping[str, Any]) -> int:
 
 def _whole(value: object) -> int:
     try:
-        return max(int(str(value)), 0)
+        amount = float(str(value))
     except ValueError:
         return 0
+    return int(amount) if amount > 0 and amount.is_integer() else 0
