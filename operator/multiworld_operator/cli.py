@@ -223,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from multiworld_operator.kube.admission.webhook import Webhook
         from multiworld_operator.kube.leadership import LeaseConfig
+        from multiworld_operator.kube.liveness import Liveness
         from multiworld_operator.kube.main import run_operator
     except ModuleNotFoundError as error:
         return _no_operator_extra(args.command, error)
@@ -232,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.webhook_host or not args.webhook_configuration:
             parser.error("--webhook-port needs --webhook-host and --webhook-configuration")
         webhook = Webhook(args.webhook_port, args.webhook_host, args.webhook_configuration)
+    liveness = None
+    if args.liveness is not None:
+        try:
+            liveness = Liveness(args.liveness)
+        except ValueError as error:
+            parser.error(str(error))
     lease = None
     if args.leader_election:
         try:
@@ -240,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(error))
     return run_operator(
         namespaces=args.namespace,
-        liveness=args.liveness,
+        liveness=liveness,
         webhook=webhook,
         lease=lease,
         metrics_port=args.metrics_port,

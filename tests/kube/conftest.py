@@ -3,6 +3,7 @@
 `kube_cluster` (session): a fresh etcd + kube-apiserver + kube-controller-manager in a temp dir.
 `kube_node` (session): the same with SESSION_NODES real nodes (tests/cluster/node.py) holding our
 images.
+`operator` (module): the chart on the node, its operator pod Ready; `kube`: its apps namespace.
 `namespace` (function): a fresh namespace, deleted afterwards.
 `scene` (function): the operator serving `namespace` (see tests/support/operator_support.py).
 A missing control plane is a test error with the reason, never a skip.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 from kubernetes import client
@@ -20,12 +21,19 @@ from kubernetes.client.rest import ApiException
 
 from tests.cluster import cluster as cluster_module, images as images_module
 from tests.cluster.cluster import Cluster
+from tests.support.node_support import WAIT_S, Operator, installed_operator, kubectl, ready_operator_pod
 
 # The operator tests' `scene` fixture, for every test here (not imported by each test module, where
 # its parameters would shadow it).
-from tests.support.operator_support import scene  # noqa: F401
+from tests.support.operator_support import (
+    KubeNamespace,
+    scene,  # noqa: F401
+    wait_for,
+)
 
 DEFAULT_SERVICEACCOUNT_TIMEOUT_S = 60.0
+# The operator's log lines a failed node test shows (a failure in CI leaves nothing else behind).
+FAILURE_LOG_LINES = 120
 # The node journeys run on two nodes: worlds span them, and a node can be lost.
 SESSION_NODES = 2
 
@@ -106,6 +114,22 @@ def kube_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     yield from _running_cluster(tmp_path_factory, nodes=SESSION_NODES)
 
 
+@pytest.fixture(scope="module")
+def operator(kube_node: Cluster) -> Iterator[Operator]:
+    """The chart installed on the node for the module's tests (node_support.installed_operator),
+    its one operator pod Ready; a module may install its own instead."""
+    with installed_operator(kube_node) as installed:
+        wait_for("the operator's pod Running and Ready", lambda: ready_operator_pod(kube_node, installed), WAIT_S)
+        yield installed
+
+
+@pytest.fixture
+def kube(kube_node: Cluster, operator: Operator) -> Iterator[KubeNamespace]:
+    """The operator's apps namespace, where the node tests apply their MultiWorlds."""
+    with kube_node.api_client() as api:
+        yield KubeNamespace(api, operator.apps)
+
+
 @pytest.fixture
 def stage(record_property: Callable[[str, object], None]) -> Callable[[str], None]:
     """`stage(name)` records the seconds since the test's start or its last stage as the property
@@ -119,3 +143,28 @@ def stage(record_property: Callable[[str, object], None]) -> Callable[[str], Non
         last[0] = now
 
     return record
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A node test that fails shows, beside its traceback, its operator's latest log lines and
+    what its MultiWorlds and pods were then: a failure seen only in CI can then be read."""
+    report = yield
+    funcargs = getattr(item, "funcargs", {})
+    cluster, operator = funcargs.get("kube_node"), funcargs.get("operator")
+    if report.failed and call.when == "call" and isinstance(operator, Operator) and isinstance(cluster, Cluster):
+        logs = ("logs", "-n", operator.namespace, "-l", "app.kubernetes.io/name=multiworld-operator", "--prefix",
+                f"--tail={FAILURE_LOG_LINES}", "--timestamps")  # fmt: skip
+        for title, args in (
+            ("operator log", logs),
+            ("the operator's log before its last restart", (*logs, "--previous")),
+            ("the operator's pods and how their containers last ended", ("get", "pods", "-n", operator.namespace,
+             "-o", "custom-columns=NAME:.metadata.name,RESTARTS:.status.containerStatuses[*].restartCount,"
+             "LAST:.status.containerStatuses[*].lastState")),
+            ("the operator's Events", ("get", "events", "-n", operator.namespace)),
+            ("MultiWorlds and pods", ("get", "mw,pods", "-n", operator.apps, "-o", "wide")),
+        ):  # fmt: skip
+            report.sections.append((title, kubectl(cluster, *args, check=False)))
+    return report

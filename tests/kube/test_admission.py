@@ -263,7 +263,7 @@ def test_operator_flags_serve_the_webhook_only_when_given(
 
     def run_operator(
         namespaces: list[str],
-        liveness: str | None = None,
+        liveness: object = None,
         webhook: Webhook | None = None,
         lease: object = None,
         metrics_port: int | None = None,

@@ -34,9 +34,11 @@ from tests.support.node_support import (
     Operator,
     applied,
     example_manifest,
-    installed_operator,
     kubectl,
+    operator_pods,
+    ready_operator_pod,
     signal_container,
+    wait_running,
 )
 from tests.support.operator_support import WORKER_SA, KubeNamespace, wait_for
 from tests.support.prometheus import Prometheus
@@ -52,37 +54,6 @@ BENCH_RUN_S = 600
 OPERATOR_METRICS_PORT = 8000
 
 
-@pytest.fixture(scope="module")
-def operator(kube_node: Cluster) -> Iterator[Operator]:
-    with installed_operator(kube_node) as installed:
-        wait_for("the operator's pod Running and Ready", lambda: _ready_operator_pod(kube_node, installed), WAIT_S)
-        yield installed
-
-
-@pytest.fixture
-def kube(kube_node: Cluster, operator: Operator) -> Iterator[KubeNamespace]:
-    with kube_node.api_client() as api:
-        yield KubeNamespace(api, operator.apps)
-
-
-def _operator_pods(cluster: Cluster, operator: Operator) -> list[client.V1Pod]:
-    with cluster.api_client() as api:
-        pods = (
-            client.CoreV1Api(api)
-            .list_namespaced_pod(operator.namespace, label_selector="app.kubernetes.io/name=multiworld-operator")
-            .items
-        )
-    return [p for p in pods if p.metadata.deletion_timestamp is None]
-
-
-def _ready_operator_pod(cluster: Cluster, operator: Operator) -> client.V1Pod | None:
-    for pod in _operator_pods(cluster, operator):
-        statuses = pod.status.container_statuses or []
-        if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses):
-            return pod
-    return None
-
-
 @pytest.fixture
 def all_gather(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, tmp_path: Path, request: pytest.FixtureRequest
@@ -92,23 +63,12 @@ def all_gather(
     so the next test has the node's cores)."""
     name = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
     with applied(kube_node, operator, kube, example_manifest("all_gather", name, tmp_path), name):
-        _wait_running(kube, name, {"world1": 1, "world2": 1})
+        wait_running(kube, name, {"world1": 1, "world2": 1})
         # Stepping in both worlds: a failure now breaks worlds in use (before its first step, the
         # leader would take world1 up at its new epoch without ever seeing it break).
         for world in ("world1", "world2"):
             _wait_log(kube_node, operator, f"{name}-leader-0", f"rank: 0 from {world} has gathered tensors: ")
         yield name
-
-
-def _wait_running(kube: KubeNamespace, name: str, epochs: dict[str, int]) -> dict[str, Any]:
-    def running() -> dict[str, Any] | None:
-        status = kube.status(name)
-        worlds = status.get("worlds") or {}
-        if status.get("phase") == "Running" and {w: s["epoch"] for w, s in worlds.items()} == epochs:
-            return status
-        return None
-
-    return wait_for(f"MultiWorld {name} Running at epochs {epochs}", running, WAIT_S)
 
 
 def _wait_rollout_complete(kube: KubeNamespace, name: str, what: str) -> dict[str, Any]:
@@ -167,7 +127,7 @@ def dns_log(kube_node: Cluster) -> DnsLog:
 
 
 def test_operator_runs_as_the_charts_deployment(kube_node: Cluster, operator: Operator) -> None:
-    pod = _ready_operator_pod(kube_node, operator)
+    pod = ready_operator_pod(kube_node, operator)
     assert pod is not None
     assert pod.spec.service_account_name == operator.fullname
     (status,) = pod.status.container_statuses
@@ -216,7 +176,7 @@ def _kill_and_check(
         kubectl(cluster, "delete", "pod", pod.metadata.name, "-n", operator.apps, "--wait=false")
     else:
         signal_container(cluster, pod, how)
-    _wait_running(kube, name, {"world1": epoch, "world2": 1})
+    wait_running(kube, name, {"world1": epoch, "world2": 1})
     after = kube.uids(name)
     assert set(after) == set(before)
     for member in ("leader-0", *EXCLUSIVE["world1"], *EXCLUSIVE["world2"]):
@@ -280,7 +240,7 @@ def test_killed_worker_costs_only_its_world(
     recovery, and answers every query of the chart's dashboard. Then world1's failure policy says
     `replace: World`: deleting w1-0 restarts both of world1's exclusive pods."""
     name = all_gather
-    pod = _ready_operator_pod(kube_node, operator)
+    pod = ready_operator_pod(kube_node, operator)
     assert pod is not None
     with _prometheus(kube_node, operator, f"{pod.status.pod_ip}:{OPERATOR_METRICS_PORT}", tmp_path) as prometheus:
         _kill_and_check(kube_node, operator, kube, name, "w1-1", "SIGKILL", epoch=2, replaced=("w1-1",))
@@ -343,7 +303,7 @@ def test_frozen_worker_is_replaced(
     # A live member's report of world1 broken, over its channel, names the frozen rank.
     failure = wait_for("world1 failed on a live member's report", reported, WAIT_S)
     assert (failure["epoch"], failure["rank"], failure["pod"]) == (1, 1, f"{name}-w1-0"), failure
-    _wait_running(kube, name, {"world1": 2, "world2": 1})
+    wait_running(kube, name, {"world1": 2, "world2": 1})
     after = kube.uids(name)
     assert after[f"{name}-w1-0"] != before[f"{name}-w1-0"], "the frozen pod was not replaced"
     for member in ("leader-0", "w1-1", *EXCLUSIVE["world2"]):
@@ -384,7 +344,7 @@ def test_suspend_deletes_every_pod_and_resume_brings_the_worlds_back(
     row = kubectl(kube_node, "get", "mw", name, "-n", operator.apps, "--no-headers").split()
     assert row[1] == "Suspended", row
     patch(False)
-    _wait_running(kube, name, {"world1": 2, "world2": 2})
+    wait_running(kube, name, {"world1": 2, "world2": 2})
     for world in ("world1", "world2"):
         _wait_log(kube_node, operator, f"{name}-leader-0", f"rank: 0 from {world} has gathered tensors: ")
     status = kube.status(name)
@@ -432,16 +392,16 @@ def test_operator_deleted_mid_recovery_converges(
     kube_node: Cluster, operator: Operator, kube: KubeNamespace, all_gather: str
 ) -> None:
     name = all_gather
-    (old_operator,) = _operator_pods(kube_node, operator)
+    (old_operator,) = operator_pods(kube_node, operator)
     signal_container(kube_node, kube.pods(name)[f"{name}-w1-1"], "SIGKILL")
     kubectl(kube_node, "delete", "pod", old_operator.metadata.name, "-n", operator.namespace, "--wait=false")
     new_operator = wait_for(
         "a new operator pod Ready",
-        lambda: (p := _ready_operator_pod(kube_node, operator)) and p.metadata.uid != old_operator.metadata.uid and p,
+        lambda: (p := ready_operator_pod(kube_node, operator)) and p.metadata.uid != old_operator.metadata.uid and p,
         WAIT_S,
     )
     assert new_operator is not None
-    status = _wait_running(kube, name, {"world1": 2, "world2": 1})
+    status = wait_running(kube, name, {"world1": 2, "world2": 1})
     assert status["worlds"]["world1"]["restarts"] == 1
     with kube_node.api_client() as api:
         every = client.CoreV1Api(api).list_namespaced_pod(operator.apps).items
@@ -497,11 +457,11 @@ def test_node_bench_reports_recovery_and_its_breakdown(kube_node: Cluster) -> No
 
 def test_operator_liveness_probe_passes(kube_node: Cluster, operator: Operator) -> None:
     """Last: the operator pod has run long enough for a failing probe to have restarted it."""
-    pod = wait_for("the operator pod", lambda: _ready_operator_pod(kube_node, operator), WAIT_S)
+    pod = wait_for("the operator pod", lambda: ready_operator_pod(kube_node, operator), WAIT_S)
     (status,) = pod.status.container_statuses
     started = status.state.running.started_at.timestamp()
     time.sleep(max(0.0, started + LIVENESS_PROVEN_S - time.time()))
-    pod = _ready_operator_pod(kube_node, operator)
+    pod = ready_operator_pod(kube_node, operator)
     assert pod is not None
     (status,) = pod.status.container_statuses
     assert status.restart_count == 0 and status.ready
@@ -530,7 +490,7 @@ def test_a_manifest_without_the_worker_serviceaccount_runs(
     del manifest["spec"]["template"]["spec"]["serviceAccountName"]
     path.write_text(yaml.safe_dump(manifest))
     with applied(kube_node, operator, kube, path, name):
-        _wait_running(kube, name, {"world1": 1, "world2": 1})
+        wait_running(kube, name, {"world1": 1, "world2": 1})
         assert {p.spec.service_account_name for p in kube.pods(name).values()} == {"default"}
 
 
@@ -563,7 +523,7 @@ def test_a_hostile_worker_pod_breaks_nothing(
     path.write_text(json.dumps(manifest))
     attacker = f"{name}-attacker-0"
     with applied(kube_node, operator, kube, path, name):
-        _wait_running(kube, name, {"victim": 1, "own": 1})
+        wait_running(kube, name, {"victim": 1, "own": 1})
         log = _wait_log(kube_node, operator, attacker, "attack network policy:")
         for attack in ("patch", "decoy table", "network policy"):
             assert re.search(rf"attack {attack}: refused 40[13]", log), log
@@ -685,7 +645,7 @@ def test_warm_spares_take_a_killed_members_place(
     name = "spares"
     path = example_manifest("all_gather", name, tmp_path, spares={"w1": 1})
     with applied(kube_node, operator, kube, path, name):
-        _wait_running(kube, name, {"world1": 1, "world2": 1})
+        wait_running(kube, name, {"world1": 1, "world2": 1})
         spares = _spares_ready(kube, name, "w1", 1)
         assert sorted(spares) == [f"{name}-w1-spare-a"]
         shown = kubectl(kube_node, "get", "pods", "-n", operator.apps, "-l", "multiworld.io/spare", "--no-headers")
@@ -695,7 +655,7 @@ def test_warm_spares_take_a_killed_members_place(
         stage("running_with_a_spare")
 
         signal_container(kube_node, kube.pods(name)[f"{name}-w1-1"], "SIGKILL")
-        status = _wait_running(kube, name, {"world1": 2, "world2": 1})
+        status = wait_running(kube, name, {"world1": 2, "world2": 1})
         played = status["playedBy"]
         assert played == {f"{name}-w1-1": f"{name}-w1-spare-a"}, played
         pods = kube.pods(name)
@@ -732,7 +692,7 @@ def test_warm_spares_take_a_killed_members_place(
         kubectl(kube_node, "patch", "mw", name, "-n", operator.apps, "--type=merge", "-p", json.dumps(patch))
         wait_for("w1's spares of the old template gone", lambda: not set(refilled) & set(kube.pods(name)), WAIT_S)
         signal_container(kube_node, kube.pods(name)[played[f"{name}-w1-1"]], "SIGKILL")
-        status = _wait_running(kube, name, {"world1": 3, "world2": 1})
+        status = wait_running(kube, name, {"world1": 3, "world2": 1})
         assert not status.get("playedBy"), status.get("playedBy")
         pods = kube.pods(name)
         env = {e.name: e.value for e in pods[f"{name}-w1-1"].spec.containers[0].env or []}
@@ -786,13 +746,13 @@ def test_a_chain_of_shared_members_recovers_from_each_kill_and_rolls_out(
     path.write_text(yaml.safe_dump(manifest))
     with applied(kube_node, operator, kube, path, name):
         epochs = dict.fromkeys(CHAIN_WORLDS, 1)
-        _wait_running(kube, name, epochs)
+        wait_running(kube, name, epochs)
         for pod in ("a-0", "b-0", "c-0", "d-1"):
             member = pod.split("-")[0]
             kubectl(kube_node, "delete", "pod", f"{name}-{pod}", "-n", operator.apps, "--wait=false")
             for world, ranks in CHAIN_WORLDS.items():
                 epochs[world] += member in ranks
-            _wait_running(kube, name, epochs)
+            wait_running(kube, name, epochs)
         restarts = {w: s["restarts"] for w, s in kube.status(name)["worlds"].items()}
 
         template = json.loads(json.dumps(manifest["spec"]["template"]))

@@ -83,12 +83,6 @@ def operator(kube_node: Cluster) -> Iterator[Operator]:
         yield installed
 
 
-@pytest.fixture
-def kube(kube_node: Cluster, operator: Operator) -> Iterator[KubeNamespace]:
-    with kube_node.api_client() as api:
-        yield KubeNamespace(api, operator.apps)
-
-
 @dataclass(frozen=True)
 class Loss:
     """A journey's fault and the members asked onto the node it loses. `gpus`: the GPU variant of

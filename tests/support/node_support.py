@@ -5,6 +5,7 @@ and signals sent to a pod's process through the container runtime."""
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import tempfile
 import uuid
@@ -17,7 +18,7 @@ import yaml
 from kubernetes import client
 
 from tests.cluster import cluster as cluster_module, images, operator_release
-from tests.cluster.cluster import Cluster
+from tests.cluster.cluster import Cluster, ClusterError
 from tests.support.operator_support import KubeNamespace, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,6 +112,43 @@ def applied(cluster: Cluster, operator: Operator, kube: KubeNamespace, path: Pat
     finally:
         kubectl(cluster, "delete", "mw", name, "-n", operator.apps, "--wait=false")
         wait_for(f"the pods of {name} gone", lambda: not kube.pods(name), WAIT_S)
+
+
+def operator_pods(cluster: Cluster, operator: Operator) -> list[client.V1Pod]:
+    """The release's operator pods not being deleted."""
+    with cluster.api_client() as api:
+        pods = (
+            client.CoreV1Api(api)
+            .list_namespaced_pod(operator.namespace, label_selector="app.kubernetes.io/name=multiworld-operator")
+            .items
+        )
+    return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+
+def ready_operator_pod(cluster: Cluster, operator: Operator) -> client.V1Pod | None:
+    """The release's operator pod that runs and is Ready, if one is."""
+    for pod in operator_pods(cluster, operator):
+        statuses = pod.status.container_statuses or []
+        if pod.status.phase == "Running" and statuses and all(s.ready for s in statuses):
+            return pod
+    return None
+
+
+def wait_running(kube: KubeNamespace, name: str, epochs: dict[str, int]) -> dict[str, Any]:
+    """The status once Running at `epochs`; on timeout, the error holds the last status seen."""
+    seen: list[dict[str, Any]] = [{}]
+
+    def running() -> dict[str, Any] | None:
+        seen[0] = status = kube.status(name)
+        worlds = status.get("worlds") or {}
+        if status.get("phase") == "Running" and {w: s["epoch"] for w, s in worlds.items()} == epochs:
+            return status
+        return None
+
+    try:
+        return wait_for(f"MultiWorld {name} Running at epochs {epochs}", running, WAIT_S)
+    except ClusterError as error:
+        raise ClusterError(f"{error}; the last status: {json.dumps(seen[0])}") from None
 
 
 def container_id(pod: client.V1Pod) -> str:

@@ -57,6 +57,8 @@ class _NoEssence(kopf.DiffBaseStorage):
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("liveness") is not None:
+        memo.liveness.start()
     settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_S
     settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_S
     settings.watching.connect_timeout = CONNECT_TIMEOUT_S
@@ -106,6 +108,8 @@ def serve_metrics(metrics: OperatorMetrics, memo: kopf.Memo) -> None:
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     """Every watch has ended: the loops stop, then the Lease is released."""
+    if memo.get("liveness") is not None:
+        await memo.liveness.stop()
     if "leadership" in memo:
         await memo.leadership.stop()
     await memo.controller.stop()

@@ -12,18 +12,19 @@ from multiworld_operator.kube import handlers  # noqa: F401  (registers the hand
 from multiworld_operator.kube.admission.webhook import Webhook, enable
 from multiworld_operator.kube.client.nesting import allow_api_depth
 from multiworld_operator.kube.leadership import LeaseConfig
+from multiworld_operator.kube.liveness import Liveness
 
 
 def run_operator(
     namespaces: list[str],
-    liveness: str | None = None,
+    liveness: Liveness | None = None,
     webhook: Webhook | None = None,
     lease: LeaseConfig | None = None,
     metrics_port: int | None = None,
     metrics_secure: bool = True,
 ) -> int:
     """Serve MultiWorlds in `namespaces` (every namespace when empty) until SIGINT/SIGTERM;
-    `liveness` (e.g. http://0.0.0.0:8080/healthz) serves kopf's health endpoint; `metrics_port`,
+    `liveness` answers probes while the event loop turns (liveness.py); `metrics_port`,
     Prometheus metrics at /metrics (metrics.py; `metrics_secure`: over HTTPS to a bearer token
     allowed to get /metrics, else plain HTTP to anyone); `webhook`, the
     validating admission webhook. With `lease`, act only while holding it; a lost Lease stops the
@@ -42,11 +43,11 @@ def run_operator(
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,
-        liveness_endpoint=liveness,
         settings=settings,
         memo=kopf.Memo(
             lease=lease,
             lease_lost=lost,
+            liveness=liveness,
             metrics_port=metrics_port,
             metrics_secure=metrics_secure,
             certificate=certificate,

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 
 from multiworld_operator.channel_server import QuietLog
 from multiworld_operator.kube.admission.certificate import CertificatePair, self_signed
-from multiworld_operator.kube.admission.serving import reset
+from multiworld_operator.kube.admission.serving import reset, tls_connection_opened
 from multiworld_operator.kube.admission.tls import load_pair
 from multiworld_operator.kube.metrics.access import METRICS_PATH, MetricsAccess, Verdict
 
@@ -210,19 +210,28 @@ REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
 
 
 class MetricsServer:
-    """Serves `render`'s exposition (made at most once per `fresh_s`) at /metrics; with `access`,
+    """Serves `render`'s exposition (made at most once per `fresh_s`) at `path`; with `access`,
     over TLS (a self-signed certificate until `use_certificate` gives it one: the webhook's) to a
-    bearer token it allows."""
+    bearer token it allows. A render that raises is answered 500. The liveness endpoint is one
+    too (kube/liveness.py), plain and with a path of its own; `what` names the server in its
+    log lines."""
 
-    def __init__(self, render: Callable[[], bytes], access: MetricsAccess | None, fresh_s: float = FRESH_S) -> None:
+    def __init__(
+        self,
+        render: Callable[[], bytes],
+        access: MetricsAccess | None,
+        fresh_s: float = FRESH_S,
+        path: str = METRICS_PATH,
+        what: str = "metrics",
+    ) -> None:
         self.exposition = Exposition(render, fresh_s)
-        self.access = access
+        self.access, self.path = access, path
         self._context: ssl.SSLContext | None = None
         if access is not None:
             self.use_certificate(self_signed(["localhost"], datetime.now(UTC)))
         self._connections = _Connections()
         self._serving: dict[asyncio.Task[None], _Connection] = {}
-        self._warn = QuietLog("metrics", log).warn
+        self._warn = QuietLog(what, log).warn
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -302,6 +311,8 @@ class MetricsServer:
                 reset(sock)
                 continue
             sock.setblocking(False)
+            if self._context is not None:
+                tls_connection_opened()
             task = asyncio.get_running_loop().create_task(self._serve(connection))
             connection.task = task
             self._serving[task] = connection
@@ -370,8 +381,8 @@ class MetricsServer:
         if len(parts) != 3:
             raise _Refused(400, "not an HTTP request")
         method, target, _ = parts
-        if target.partition("?")[0] != METRICS_PATH:
-            raise _Refused(404, f"only {METRICS_PATH} is served here")
+        if target.partition("?")[0] != self.path:
+            raise _Refused(404, f"only {self.path} is served here")
         if method != "GET":
             raise _Refused(405, "GET only", "Allow: GET\r\n")
         headers = {}
@@ -387,9 +398,8 @@ class MetricsServer:
         gzipped = "gzip" in headers.get("accept-encoding", "")
         try:
             return self.exposition.get(gzipped), gzipped
-        except Exception as error:  # a collector's failure: said, and answered as one
-            log.exception("metrics: rendering failed")
-            raise _Refused(500, "the metrics could not be rendered") from error
+        except Exception as error:  # a collector's failure, or an unhealthy process: answered as one, said
+            raise _Refused(500, f"{self.path} could not be rendered: {error}") from error
 
     async def _check(self, token: str, source: str) -> Verdict:
         assert self.access is not None
