@@ -9,10 +9,14 @@ a tenant's MultiWorld "mine" of two worlds is the attacker's own. The phases, in
   channel_junk  --attackers raw-socket clients on the operator's worker channel, as fast as
                 they can: hellos with junk tokens (a TokenReview each, until the per-source
                 budget refuses them unchecked) and lines past the longest message
+  port_flood    --attackers raw-socket clients on every port the operator serves (the worker
+                channel, the metrics over TLS, the liveness endpoint), from 64 addresses, as fast
+                as they can: connections that send nothing, binary, a 300 KB line or plain HTTP
+                and close (each TLS one a failed handshake)
   memory        the tenant's memory ConfigMap of "mine" holding gzip of 30 MiB of JSON objects
                 (30 KiB), and the operator restarted onto it (it reads every memory at start)
 The operator's peak RSS is the kernel's high-water mark (VmHWM) of its process at the end of
-each phase: the first two phases share a process, the memory phase has its own.
+each phase: the first three phases share a process, the memory phase has its own.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from multiworld_operator.kube.memory.planner_memory import MEMORY_KEY
 from multiworld_operator.kube.workers.channel_settings import DEFAULT_PORT
 from tests.support import bench_common as common, limits_support as limits
 from tests.support.operator_scene import Scene, fail_and_recover, scene, start, wait_for
+from tests.support.worker_metrics import junk_flood
 
-PHASES = ("baseline", "channel_junk", "memory")
+PHASES = ("baseline", "channel_junk", "port_flood", "memory")
 # The other MultiWorld's failures may take this many times their baseline under an attack.
 REACT_FACTOR = 3.0
 
@@ -82,6 +87,27 @@ def channel_junk(attackers: int) -> Iterator[list[int]]:
             thread.join(10)
 
 
+@contextmanager
+def port_flood(ports: list[int], attackers: int) -> Iterator[list[int]]:
+    """`attackers` threads of junk connections to `ports` (worker_metrics.junk_flood); yields the
+    connections made so far, counted once the flood stops."""
+    stop, made = threading.Event(), [0]
+    sources = [f"127.0.5.{i}" for i in range(1, 65)]
+
+    def attacker() -> None:
+        made[0] += junk_flood(ports, sources, stop)
+
+    threads = [threading.Thread(target=attacker, daemon=True) for _ in range(attackers)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield made
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+
+
 def spoil_memory(s: Scene) -> None:
     """The tenant writes gzip of 30 MiB of JSON objects in its memory; the operator restarts."""
     packed = gzip.compress(b"[" + b"{}," * 10_000_000 + b"{}]", compresslevel=9)
@@ -100,8 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     react: dict[str, list[float]] = {}
     rss: dict[str, float] = {}
-    junk_sent = 0
-    with tempfile.TemporaryDirectory(prefix="bench-attacks-") as folder, scene(Path(folder), args.credentials) as s:
+    junk_sent = flooded = 0
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-attacks-") as folder,
+        scene(Path(folder), args.credentials, endpoints=True) as s,
+    ):
         start(s, "mine", 2)
         start(s, "other", args.worlds)
         react["baseline"] = failures(s, args.failures, args.worlds, 0)
@@ -111,8 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             react["channel_junk"] = failures(s, args.failures, args.worlds, args.failures)
             junk_sent = sent[0]
         rss["channel_junk"] = s.operator.peak_rss_mib()
+        with port_flood([DEFAULT_PORT, s.metrics_port, s.liveness_port], args.attackers) as made:
+            time.sleep(2)
+            react["port_flood"] = failures(s, args.failures, args.worlds, 2 * args.failures)
+        flooded = made[0]
+        rss["port_flood"] = s.operator.peak_rss_mib()
         spoil_memory(s)
-        react["memory"] = failures(s, args.failures, args.worlds, 2 * args.failures)
+        react["memory"] = failures(s, args.failures, args.worlds, 3 * args.failures)
         rss["memory"] = s.operator.peak_rss_mib()
         loaded = s.loaded
     chart_mib = limits.chart_memory_limit_mib()
@@ -123,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     body = [
         f"'other': {args.worlds} worlds, {args.failures} failures a phase; the channel attack made {junk_sent} "
-        f"connections from {args.attackers} clients",
+        f"connections from {args.attackers} clients, the port flood {flooded}",
         common.table(["phase", "react median", "react max", "operator peak RSS MiB"], rows),
     ]
     targets = [
@@ -140,7 +174,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     common.report("the operator under attack", loaded, body, targets)
     if args.json:
-        common.json_line({"bench": "attacks", "react_s": react, "operator_rss_mib": rss, "junk_connections": junk_sent})
+        common.json_line(
+            {
+                "bench": "attacks",
+                "react_s": react,
+                "operator_rss_mib": rss,
+                "junk_connections": junk_sent,
+                "flood_connections": flooded,
+            }
+        )
     return 0
 
 

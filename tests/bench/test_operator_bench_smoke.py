@@ -106,9 +106,9 @@ def test_attacks_quick_run_reports_each_phase() -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     figures = json.loads(lines[-1])
-    assert set(figures) == {"bench", "react_s", "operator_rss_mib", "junk_connections"}
-    phases = {"baseline", "channel_junk", "memory"}
+    assert set(figures) == {"bench", "react_s", "operator_rss_mib", "junk_connections", "flood_connections"}
+    phases = {"baseline", "channel_junk", "port_flood", "memory"}
     assert set(figures["react_s"]) == set(figures["operator_rss_mib"]) == phases
     assert all(v > 0 for times in figures["react_s"].values() for v in times), figures
-    assert figures["junk_connections"] > 0
+    assert figures["junk_connections"] > 0 and figures["flood_connections"] > 0
     assert any(line.startswith(("  PASS", "  MISS")) for line in lines[:-1]), result.stdout

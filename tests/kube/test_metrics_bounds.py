@@ -26,7 +26,7 @@ from multiworld_operator.kube.metrics.access import MetricsAccess
 from multiworld_operator.kube.metrics.registry import OperatorMetrics
 from multiworld_operator.kube.metrics.server import MAX_CONNECTIONS, MAX_HEAD, MAX_PER_SOURCE
 from tests.support.operator_metrics import FixedStatuses, planner_status
-from tests.support.worker_metrics import closed_within, connect, flood
+from tests.support.worker_metrics import closed_within, connect, flood, junk_flood
 
 pytestmark = pytest.mark.quick
 
@@ -122,38 +122,23 @@ def test_a_silent_connection_and_an_endless_head_are_closed(monkeypatch: pytest.
         metrics.close()
 
 
-def _junk_from(port: int, sources: list[str], until: float) -> None:
-    """Connections that each send junk, or nothing, and close: a flood no TLS handshake survives."""
-    junk = [b"", b"\x00\xff" * 64, b"{" * 300_000, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"]
-    sent = 0
-    while time.monotonic() < until:
-        try:
-            with connect(port, sources[sent % len(sources)], timeout=1.0) as sock:
-                sock.sendall(junk[sent % len(junk)])
-        except OSError:
-            pass
-        sent += 1
-
-
 def test_a_flood_of_failed_tls_handshakes_holds_a_bounded_number_of_them() -> None:
     """asyncio's TLS leaves each connection's protocol, and its 256 KiB buffer, in reference
     cycles: a flood piled up hundreds (an operator flooded on the node was OOM-killed). A full
     collection every TLS_COLLECT_EVERY connections keeps at most that many, beside those open."""
     metrics = serve(secure=True)
-    port = port_of(metrics)
-    until = time.monotonic() + 3.0
-    flooders = [
-        threading.Thread(target=_junk_from, args=(port, [f"127.0.1.{i}" for i in range(1, 40)], until))
-        for _ in range(4)
-    ]
+    stop = threading.Event()
+    sources = [f"127.0.1.{i}" for i in range(1, 40)]
+    flooders = [threading.Thread(target=junk_flood, args=([port_of(metrics)], sources, stop)) for _ in range(4)]
     for flooder in flooders:
         flooder.start()
     most = 0
     try:
-        while any(flooder.is_alive() for flooder in flooders):
+        for _ in range(15):
             time.sleep(0.2)
             most = max(most, sum(1 for o in gc.get_objects() if isinstance(o, sslproto.SSLProtocol)))
     finally:
+        stop.set()
         for flooder in flooders:
             flooder.join()
         metrics.close()

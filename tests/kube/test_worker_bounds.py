@@ -13,11 +13,11 @@ import time
 import pytest
 
 from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldEntry, WorldTable
-from multiworld_operator.channel_server import HELLO_BURST, ChannelServer
+from multiworld_operator.channel_server import HELLO_BURST, MAX_GREETING_PER_SOURCE, ChannelServer
 from multiworld_operator.kube.client.api import KubeApi
 from multiworld_operator.kube.controller import MIN_STATUS_STEP_S, ReconcileLoop
 from multiworld_operator.kube.metrics.registry import OperatorMetrics
-from multiworld_operator.kube.workers.worker_identity import PodIdentities
+from multiworld_operator.kube.workers.worker_identity import MAX_REVIEWS, PodIdentities
 from multiworld_operator.kube.workers.worker_inbox import MAX_REASON, WorkerInbox
 from tests.cluster.cluster import Cluster
 
@@ -144,3 +144,47 @@ def test_junk_tokens_from_one_source_cost_a_bounded_number_of_token_reviews(kube
     assert len(reviewed) + len(unchecked) == hellos, answers
     # HELLOS_PER_S refills the budget while the reviews take their time.
     assert HELLO_BURST <= len(reviewed) < HELLO_BURST + 5, answers
+
+
+@pytest.mark.kube
+def test_a_new_sources_hello_waits_a_turn_of_each_source_not_every_hello_queued(kube_cluster: Cluster) -> None:
+    """30 addresses each say MAX_GREETING_PER_SOURCE hellos with junk tokens at once
+    (hundreds of TokenReviews waiting their turn), then one more address says one: it is
+    checked within a turn of each source waiting (before, in arrival order: after all of them,
+    so that a flood from many pods could hold a new pod past its hello deadline)."""
+    sources = 30
+
+    async def say(port: int, source: str, said: list[str], answered: list[str]) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+        writer.write(ChannelMessage(hello=Hello(pod="p", token="junk")).encode())
+        await writer.drain()
+        said.append(source)
+        await reader.readline()
+        answered.append(source)
+        writer.close()
+
+    async def scenario() -> list[str]:
+        with kube_cluster.api_client() as api:
+            identities = PodIdentities(KubeApi(api), lambda *_: None)
+            server = ChannelServer(lambda *_: None, lambda *_: None, identities.authenticate)
+            port = await server.start()
+            said: list[str] = []
+            answered: list[str] = []
+            flood = [
+                asyncio.create_task(say(port, f"127.0.3.{i}", said, answered))
+                for _ in range(MAX_GREETING_PER_SOURCE)
+                for i in range(1, sources + 1)
+            ]
+            while len(said) < len(flood):
+                await asyncio.sleep(0.01)
+            await asyncio.gather(say(port, "127.0.4.1", said, answered), *flood)
+            await server.close()
+            return answered
+
+    answered = asyncio.run(scenario())
+    assert len(answered) == sources * MAX_GREETING_PER_SOURCE + 1
+    late = answered.index("127.0.4.1")
+    print(f"\nthe new source's hello answered after {late} of the flood's {len(answered) - 1}")
+    assert sum(1 for source in answered[:late] if source != "127.0.4.1") <= sources + MAX_REVIEWS, late
+    # And the flood was still waiting when the late one came.
+    assert late < len(answered) - sources, late

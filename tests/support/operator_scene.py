@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,17 +47,19 @@ def star(name: str, worlds: int, policy: dict[str, Any] | None = POLICY) -> dict
 
 
 class OperatorProcess:
-    """`multiworld operator` serving one namespace with the credentials of `kubeconfig`."""
+    """`multiworld operator` serving one namespace with the credentials of `kubeconfig`, with
+    `flags` of its command line besides."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
-        self.kubeconfig, self.namespace, self.log_path = kubeconfig, namespace, log_path
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, flags: Sequence[str] = ()) -> None:
+        self.kubeconfig, self.namespace, self.log_path, self.flags = kubeconfig, namespace, log_path, list(flags)
         log_path.write_bytes(b"")
         self.proc = self._launch()
 
     def _launch(self) -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "multiworld_operator.cli", "operator", "--namespace", self.namespace]
         with open(self.log_path, "ab") as log_file:
             return subprocess.Popen(
-                [sys.executable, "-m", "multiworld_operator.cli", "operator", "--namespace", self.namespace],
+                [*command, *self.flags],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -106,6 +108,9 @@ class Scene:
     operator: OperatorProcess
     credentials: str
     loaded: str
+    # Where the operator serves its metrics (over TLS) and liveness endpoint (0: not served).
+    metrics_port: int = 0
+    liveness_port: int = 0
     epochs: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
@@ -140,8 +145,10 @@ def operator_credentials(cluster: Any, api: client.ApiClient, kind: str) -> tupl
 
 
 @contextmanager
-def scene(directory: Path, credentials: str) -> Iterator[Scene]:
-    """A control plane, the chart, a namespace served by the operator, the stand-in kubelet."""
+def scene(directory: Path, credentials: str, endpoints: bool = False) -> Iterator[Scene]:
+    """A control plane, the chart, a namespace served by the operator, the stand-in kubelet; with
+    `endpoints`, the operator serves its metrics and liveness endpoint too, on ports picked once
+    the control plane listens on its own."""
     try:
         binaries = cluster_module.find_binaries()
     except cluster_module.ClusterError as error:
@@ -153,10 +160,14 @@ def scene(directory: Path, credentials: str) -> Iterator[Scene]:
             kubeconfig, described = operator_credentials(cluster, api, credentials)
             namespace = new_namespace(cluster, api, "bench")
             loaded = common.machine_load()
-            operator = OperatorProcess(kubeconfig, namespace, directory / "operator.log")
+            # Two ports, distinct, that no kernel-picked port takes meanwhile.
+            metrics_port, liveness_port = common.free_ports(2) if endpoints else (0, 0)
+            flags = ["--metrics-port", str(metrics_port), "--liveness", f"http://127.0.0.1:{liveness_port}/healthz"]
+            operator = OperatorProcess(kubeconfig, namespace, directory / "operator.log", flags if endpoints else ())
             try:
                 with StandInKubelet(api, namespace) as kubelet:
-                    yield Scene(api, support.KubeNamespace(api, namespace), kubelet, operator, described, loaded)
+                    kube = support.KubeNamespace(api, namespace)
+                    yield Scene(api, kube, kubelet, operator, described, loaded, metrics_port, liveness_port)
             finally:
                 operator.stop()
     finally:
@@ -171,7 +182,11 @@ def start(scene: Scene, name: str, worlds: int, policy: dict[str, Any] | None = 
     since = scene.kubelet.mark()
     created_at = time.monotonic()
     scene.kube.create(star(name, worlds, policy))
-    last = scene.kubelet.wait_all_appeared(pods, since, WAIT_S)
+    try:
+        last = scene.kubelet.wait_all_appeared(pods, since, WAIT_S)
+    except TimeoutError:
+        scene.operator.check_alive()  # an operator that exited says why
+        raise
     scene.epochs[name] = {f"w{i}": 1 for i in range(worlds)}
 
     def running() -> bool:

@@ -1,6 +1,6 @@
 """The worker's metrics endpoint seen from outside (tests/worker/test_worker_metrics_bounds.py):
-a process that serves it, and HTTP spoken over raw sockets (`connect` and `closed_within` serve
-the operator's metrics server's tests too).
+a process that serves it, and HTTP spoken over raw sockets (`connect`, `closed_within` and
+`junk_flood` serve the operator's metrics server's tests and bench/attacks.py too).
 
 `python -m tests.support.worker_metrics PORT` (from the repository root) serves the worker's
 metrics on PORT as a WorldManager given that port does (`multiworld.metrics.serve`), counts a
@@ -57,6 +57,25 @@ def flood(port: int, source: str, count: int) -> list[socket.socket]:
         except ConnectionResetError:
             continue
     return opened
+
+
+# What a junk flood sends, a connection each in turn: nothing, binary, a line past every bound,
+# plain HTTP (to a TLS port: junk all the same).
+JUNK = (b"", b"\x00\xff" * 64, b"{" * 300_000, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+
+
+def junk_flood(ports: list[int], sources: list[str], stop: threading.Event) -> int:
+    """Until `stop`: a connection to each of `ports` in turn, from each of `sources` in turn, that
+    sends the next of JUNK and closes; the connections made."""
+    made = 0
+    while not stop.is_set():
+        try:
+            with connect(ports[made % len(ports)], sources[made % len(sources)], timeout=1.0) as sock:
+                sock.sendall(JUNK[made % len(JUNK)])
+        except OSError:
+            pass
+        made += 1
+    return made
 
 
 def request(port: int, head: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:

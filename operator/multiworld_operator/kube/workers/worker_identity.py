@@ -7,14 +7,18 @@ its own pod, whatever its code does; what it may say is checked per message by t
 A TokenReview is a request to the API server on the operator's shared thread pool, asked for
 by anything that can connect: each source address may say HELLO_BURST hellos with a token at
 once and HELLOS_PER_S a second after (past it: refused unchecked), and at most MAX_REVIEWS are
-under way at once (the others wait their turn, within the channel's hello deadline).
+under way at once. The others wait their turn, within the channel's hello deadline, a source at a
+time (`_Turns`): a new pod's hello waits for one review of each source waiting, not for every
+hello a flood of junk tokens from many sources queued before it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import logging
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 
 from kubernetes.client.rest import ApiException
 
@@ -35,12 +39,63 @@ MAX_REVIEWS = 4
 Locate = Callable[[str, str, str], Hashable | None]
 
 
+class _Turns:
+    """At most `limit` holders at once; those waiting are let in a source at a time, in turn (the
+    source let in goes to the back of the line), so a source's wait grows with how many sources
+    wait, not with how many hellos they queued."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit, self._holding = limit, 0
+        # Per source, its waiters in arrival order; sources in the order of their turns.
+        self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, source: str) -> AsyncIterator[None]:
+        if self._holding < self._limit and not self._waiting:
+            self._holding += 1
+        else:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.setdefault(source, collections.deque()).append(future)
+            try:
+                await future
+            except asyncio.CancelledError:
+                if future.cancelled():
+                    self._forget(source, future)
+                else:  # let in as it was cancelled: the turn goes to the next
+                    self._release()
+                raise
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._holding -= 1
+        while self._waiting and self._holding < self._limit:
+            source = next(iter(self._waiting))
+            queue = self._waiting.pop(source)
+            future = queue.popleft()
+            if queue:
+                self._waiting[source] = queue
+            if future.cancelled():  # its hello's deadline passed as it waited
+                continue
+            future.set_result(None)
+            self._holding += 1
+
+    def _forget(self, source: str, future: asyncio.Future[None]) -> None:
+        queue = self._waiting.get(source)
+        if queue is not None and future in queue:
+            queue.remove(future)
+            if not queue:
+                del self._waiting[source]
+
+
 class PodIdentities:
     def __init__(self, api: KubeApi, locate: Locate) -> None:
         self.api = api
         self.locate = locate
         self._hellos = Budgets(HELLO_BURST, HELLOS_PER_S)
-        self._reviews = asyncio.Semaphore(MAX_REVIEWS)
+        self._reviews = _Turns(MAX_REVIEWS)
 
     async def authenticate(self, hello: Hello, source: str) -> Speaker:
         if not hello.token:
@@ -53,7 +108,7 @@ class PodIdentities:
                 "its token is not checked"
             )
         try:
-            async with self._reviews:
+            async with self._reviews.turn(source):
                 review = await self.api.review_token(hello.token, TOKEN_AUDIENCE)
         except ApiException as error:
             # The operator's own problem (its RBAC, the API server): said in its log too.
