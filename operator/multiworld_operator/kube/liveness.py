@@ -37,7 +37,10 @@ class Liveness:
         self._server = MetricsServer(self._answer, None, fresh_s=0, path=self.path, what="liveness")
 
     def start(self) -> int:
-        """Beat on the running loop and serve; the port served on (0 in the URL: a free one)."""
+        """Beat on the running loop and serve; the port served on (0 in the URL: a free one).
+        Once only: kopf runs the startup handler again after a later step of it failed."""
+        if self._task is not None:
+            return self._server.port
         self._beat = time.monotonic()
         self._task = asyncio.get_running_loop().create_task(self._beating())
         return self._server.start(self.host, self.port)
