@@ -37,7 +37,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from multiworld_operator.local.store_ports import free_store_ports
 from tests.cluster.node import (
     DAEMONS as NODE_DAEMONS,
     GPU_RESOURCE,
@@ -144,9 +144,10 @@ def find_node_binaries() -> NodeBinaries:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port for a control-plane daemon, from below the kernel's ephemeral ports. An ephemeral
+    one (what binding port 0 picks) may go to any outgoing connection of the machine (the API
+    server's own to etcd, say) between this call and the daemon's bind."""
+    return free_store_ports(1)[0]
 
 
 @functools.cache

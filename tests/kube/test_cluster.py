@@ -371,3 +371,13 @@ def test_kubebuilder_assets_used_without_build(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(cluster_module, "BUILD_SCRIPT", tmp_path / "must-not-run.sh")
     binaries = cluster_module.find_binaries()
     assert binaries == cluster_module.Binaries(tmp_path / "etcd", tmp_path / "kube-apiserver", None)
+
+
+@pytest.mark.quick
+def test_the_control_planes_ports_are_no_ports_the_kernel_hands_out() -> None:
+    """etcd and the API server get their ports from the cluster before they bind them. A port the
+    kernel hands out (binding port 0) may meanwhile go to any outgoing connection, the API
+    server's own to etcd among them: it then fails to start with EADDRINUSE (seen in CI)."""
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [cluster_module.free_port() for _ in range(50)]
+    assert not [port for port in ports if low <= port <= high]
