@@ -34,9 +34,11 @@ import functools
 import json
 import logging
 import os
+import random
 import secrets
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -48,7 +50,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from multiworld_operator.local.store_ports import free_store_ports
 from tests.cluster.node import (
     DAEMONS as NODE_DAEMONS,
     GPU_RESOURCE,
@@ -79,6 +80,9 @@ ADMIN_USER = "admin"
 # The control plane stops last, the apiserver before etcd (it keeps retrying etcd for about a
 # minute if etcd goes first).
 CONTROL_PLANE = ("kube-controller-manager", "kube-apiserver", "etcd")
+# The control plane's ports (free_port): below the worlds' store ports of a local run (20000 on)
+# and the kernel's ephemeral ports (32768 on, by default).
+CONTROL_PLANE_PORTS = range(15000, 20000)
 
 
 class ClusterError(RuntimeError):
@@ -144,10 +148,18 @@ def find_node_binaries() -> NodeBinaries:
 
 
 def free_port() -> int:
-    """A port for a control-plane daemon, from below the kernel's ephemeral ports. An ephemeral
-    one (what binding port 0 picks) may go to any outgoing connection of the machine (the API
-    server's own to etcd, say) between this call and the daemon's bind."""
-    return free_store_ports(1)[0]
+    """A port for a control-plane daemon, drawn from CONTROL_PLANE_PORTS: below the kernel's
+    ephemeral ports, where only a deliberate bind takes one. An ephemeral one (what binding port
+    0 picks) may go to any outgoing connection of the machine (the API server's own to etcd,
+    say) between this call and the daemon's bind."""
+    for port in random.sample(CONTROL_PLANE_PORTS, len(CONTROL_PLANE_PORTS)):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))  # every interface, as the API server listens with a node
+            except OSError:
+                continue
+        return port
+    raise ClusterError(f"no free port in {CONTROL_PLANE_PORTS}")
 
 
 @functools.cache

@@ -4,6 +4,7 @@ RBAC; the real node runs pods with cluster DNS and in-cluster API access; `down`
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -381,3 +382,15 @@ def test_the_control_planes_ports_are_no_ports_the_kernel_hands_out() -> None:
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     ports = [cluster_module.free_port() for _ in range(50)]
     assert not [port for port in ports if low <= port <= high]
+
+
+@pytest.mark.quick
+def test_the_cluster_module_loads_in_a_bare_python() -> None:
+    """`make kube-binaries` and `make cluster` run it with the machine's python3, which has none
+    of the project's packages (a fresh clone's CI failed there once)."""
+    bare = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
+    assert bare is not None
+    loaded = subprocess.run(
+        [bare, "-c", f"import {cluster_module.__name__}"], cwd=REPO, capture_output=True, text=True, env={}
+    )
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
