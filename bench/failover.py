@@ -40,11 +40,11 @@ the members inside one group, not from groups of their own). Each phase:
    Python compute).
 The load processes' CPU (user + system time from /proc/<pid>/stat, from the moment all were
 busy to the phase's end) says how many cores they took; the machine's load average says what
-else ran. Joins are counted apart because a store's server (torch's TCPStore) looks up the
-name of every client that connects, on the thread that serves all its clients: where that
-lookup goes to a slow DNS server, the store answers nobody until it ends and its peers hear
-silence (world/store_server.py keeps the lookups of loopback peers in /etc/hosts; before, one in
-fifty took 5 s on the machine these figures were first taken on). Detection settings come from
+else ran. Joins are counted apart because torch's own store server looks up the name of every
+client that connects, on the thread that serves all its clients: where that lookup went to a
+slow DNS server, the store answered nobody until it ended and its peers heard silence (one in
+fifty took 5 s on the machine these figures were first taken on; the stores are this library's
+own since, store/server.py, which looks nothing up). Detection settings come from
 the MULTIWORLD_* environment (defaults as shipped).
 """
 

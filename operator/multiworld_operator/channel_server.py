@@ -53,6 +53,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldTable
+from multiworld.quiet_log import QuietLog
 from multiworld_operator.spec.limits import MAX_WORLDS_PER_POD
 
 log = logging.getLogger(__name__)
@@ -108,10 +109,6 @@ RETIRED_PROBE_S = LOST_AFTER_S + 2.0
 # host's kernel answers in milliseconds, a frozen or busy process's too, and a segment or ACK
 # lost on the way is sent again (the shortest retransmission timeout is 0.2 s) well within it.
 ANSWER_WITHIN_S = 1.0
-# A warning of the channel (a refusal, a silent or junk connection) is said once per kind and
-# source this often, with a count of the ones held back; sources remembered at most.
-LOG_EVERY_S = 60.0
-MAX_LOG_KEYS = 4096
 # Budgets (per pod, per source) are kept while they are not full again: looked over for full
 # ones when they grow past this, or twice what the last look kept.
 PRUNE_BUDGETS_FROM = 1024
@@ -171,7 +168,7 @@ class ChannelServer:
         # What each pod may still send, by (group, pod).
         self._messages = Budgets(MESSAGE_BURST, MESSAGES_PER_S)
         self._bytes = Budgets(BYTE_BURST, BYTES_PER_S)
-        self._warn = QuietLog("channel").warn
+        self._warn = QuietLog("channel", log).warn
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on `host`:`port` (0: a free port); the port listened on."""
@@ -378,28 +375,6 @@ class ChannelServer:
             self._writers.clear()
             self._retired.clear()
             await self._server.wait_closed()
-
-
-class QuietLog:
-    """Warnings of a surface (`what`: the channel, the metrics), each kind from each source said
-    once per LOG_EVERY_S with a count of those held back: anything in the cluster may connect, as
-    often as it likes."""
-
-    def __init__(self, what: str, logger: logging.Logger = log) -> None:
-        self._what, self._log = what, logger
-        self._said: dict[Hashable, tuple[float, int]] = {}
-
-    def warn(self, key: Hashable, message: str, *args: object) -> None:
-        now = time.monotonic()
-        said = self._said.get(key)
-        if said is not None and now - said[0] < LOG_EVERY_S:
-            self._said[key] = (said[0], said[1] + 1)
-            return
-        if len(self._said) >= MAX_LOG_KEYS:
-            self._said.clear()
-        self._said[key] = (now, 0)
-        held = f" ({said[1]} more like it in the last {now - said[0]:.0f} s)" if said is not None and said[1] else ""
-        self._log.warning(self._what + ": " + message + "%s", *args, held)
 
 
 class _Greeters:

@@ -6,15 +6,17 @@ It scans every TCP port of each host in ADVERSARY_SCAN (the operator's pod, the 
 MultiWorld) and sends each open port a burst of junk, then floods each open port of the hosts in
 ADVERSARY_FLOOD (the operator's pod) for as long as it runs: ADVERSARY_HOLD connections a port,
 each one silent, junk, a line far past any bound or a line dribbled a byte at a time, every one
-the other end closes opened again at once. What it does is said in its log:
-`scan HOST: open PORTS`, `junk sent`, then `flood: N opened, M closed by the other end` every
-few seconds.
+the other end closes opened again at once. Before the junk, it asks each open port for its keys
+as a TCPStore client would (torch's own store server lists them all). What it does is said in
+its log: `scan HOST: open PORTS`, `listed HOST:PORT: N keys` for a port that listed any, `junk
+sent`, then `flood: N opened, M closed by the other end` every few seconds.
 """
 
 import errno
 import os
 import selectors
 import socket
+import struct
 import time
 from typing import cast
 
@@ -55,6 +57,19 @@ def scan(address: str) -> list[int]:
             cast(socket.socket, key.fileobj).close()
         selector.close()
     return sorted(found)
+
+
+def listed_keys(address: str, port: int) -> int:
+    """How many keys the port lists when asked as torch's store client asks (VALIDATE with
+    torch's number, then LIST_KEYS: little-endian, a count then length-prefixed keys); 0 when
+    it lists none or speaks no such thing."""
+    try:
+        with socket.create_connection((address, port), timeout=1) as sock:
+            sock.sendall(b"\x00" + struct.pack("<I", 0x3C85F7CE) + b"\x11")
+            reply = sock.recv(8)
+    except OSError:
+        return 0
+    return struct.unpack("<q", reply)[0] if len(reply) == 8 else 0
 
 
 def junk_burst(address: str, port: int) -> None:
@@ -124,6 +139,9 @@ for host in SCAN:
     print(f"scan {host} ({hosts[host]}): open {open_ports[host]}", flush=True)
 for host in SCAN:
     for port in open_ports[host]:
+        keys = listed_keys(hosts[host], port)
+        if keys > 0:
+            print(f"listed {host}:{port}: {keys} keys", flush=True)
         junk_burst(hosts[host], port)
 print("junk sent", flush=True)
 flood = Flood([(hosts[host], port) for host in FLOOD for port in open_ports.get(host) or scan(hosts[host])])

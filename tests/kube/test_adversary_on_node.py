@@ -1,9 +1,11 @@
 """A hostile pod on the real nodes' pod network, speaking no protocol of ours (issue 32's
 adversary kit, on the node): tests/kube/raw_adversary.py, from raw sockets, scans every TCP port
-of the operator's pod and of another tenant's MultiWorld's pods, sends each open port junk, and
-floods every port of the operator's pod. Meanwhile that MultiWorld loses a pod, as it did once
+of the operator's pod and of another tenant's MultiWorld's pods, asks each open port for its keys
+as a TCPStore client would, sends each open port junk, and floods every port of the operator's
+pod. Meanwhile that MultiWorld loses a pod, as it did once
 before the attack (its baseline, in the same test), and the stances' invariants hold:
 
+- no port of that MultiWorld's pods lists a key (its worlds' stores among them);
 - its failed world is back within 3 times the baseline, and its other world never moves;
 - the operator's container neither restarts nor is replaced, and its process's peak RSS stays
   under the chart's memory limit;
@@ -134,6 +136,8 @@ def test_a_raw_socket_scan_and_flood_costs_another_multiworld_nothing(
         print(
             *[line for line in flood_log.splitlines() if line.startswith("scan ")], flood_log.splitlines()[-1], sep="\n"
         )
+        # No port of the bystander's pods (their worlds' stores and beat stores among them) listed a key.
+        assert not re.findall(r"^listed .*$", flood_log, re.M), flood_log
         assert attacked <= SLOWDOWN * baseline, (baseline, attacked)
         assert 0 < rss < CHART_LIMIT_MIB, rss
         world2 = kube.status(BYSTANDER)["worlds"]["world2"]

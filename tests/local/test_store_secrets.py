@@ -1,16 +1,19 @@
-"""A process that holds no rank in a world can neither read nor write its rendezvous state
-(issue 32, finding 5; docs/security.md, "Each world's rendezvous store").
+"""A process that holds no rank in a world can neither read nor write its rendezvous state, and
+a member of one world cannot disturb the other worlds its rank 0's process hosts (issue 32,
+finding 5; docs/security.md, "Each world's rendezvous store").
 
-Rank 0's store is a torch TCPStore: it answers anything that reaches its port. The attacker here
-is a raw torch client (not multiworld.world.stores) that knows what a port scan and the code tell: the
-world's name, its store's host and port, its epoch and size, and the failure detector's beat
-store port (which the test, not the attacker, reads from the members' entries). It holds no
-secret. It tries what was seen to break a world on the node: the abort key written, the epoch
-key set to 999, the next epochs' ranks claimed, a verdict written into the beat store and its
-`news` counter bumped and deleted, and it tries to read the members' entries. Meanwhile the
-world runs under `multiworld run` and one of its pods is killed: it recovers at the next epoch
-as it does with nobody attacking, and the other world, whose rank 0 is the same process, never
-moves.
+Rank 0's store answers anything that reaches its port. The attackers here are raw clients (torch's
+own, and raw sockets: not multiworld.store) that know what a port scan and the code tell: the
+world's name, its store's host and port, its epoch and size, and the beat store's port. One holds
+no secret. It tries what was seen to break a world on the node: the abort key written, the epoch
+key set to 999, the next epochs' ranks claimed, a verdict written into the beat store; it asks
+both stores to list their keys (torch's server lists them all, secrets with them) and writes the
+abort key under every prefix a listing shows. The other is a member of the attacked world: it
+knows the token of rank 0's process, which names that process's counter and `news` in its beat
+store, shared by every world the process hosts; it deletes them and sets them to junk. Meanwhile
+the world runs under `multiworld run` and one of its pods is killed: it recovers at the next
+epoch as it does with nobody attacking, and the other world, whose rank 0 is the same process,
+never moves.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.support import raw_store
 from tests.support.journey import RUN_ENV, Fault, Journey, Topology
 
 # A star: m0 (one pod, rank 0 of both worlds: it serves both stores and one beat store), m1 and m2
@@ -52,7 +56,9 @@ class StoreAttacker:
         self.rounds = 0
         # What the attacker could read of the world's state: key -> whether it exists.
         self.read: dict[str, bool] = {}
-        # Its store connections that failed (the store host gone: it connects again).
+        # The keys the stores listed to it.
+        self.listed: set[bytes] = set()
+        # Its world store connections that failed (the store host gone: it connects again).
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store-attacker", daemon=True)
@@ -68,7 +74,7 @@ class StoreAttacker:
         while not self._stop.is_set():
             try:
                 self._attack()
-            except RuntimeError as exc:  # torch's DistNetworkError and DistStoreError among them
+            except (RuntimeError, OSError) as exc:  # torch's DistNetworkError and DistStoreError, a refused connect
                 self.errors.append(str(exc).splitlines()[0])
                 self._stop.wait(ROUND_PAUSE_S)
 
@@ -99,9 +105,10 @@ class StoreAttacker:
                     raise
                 time.sleep(0.2)
 
-    def _beat_port(self, store: Any, known: dict[str, Any]) -> int:
-        """The test's own knowledge, not the attacker's (a port scan finds the port too): rank 0's
-        entry, read under the world's real prefix, with the secret its process was given."""
+    def _host_entry(self, store: Any, known: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0's entry in the world's store, as any member reads it (the port scan finds the
+        beat store's port too; the token is a member's knowledge): read under the world's real
+        prefix, with the secret its process was given."""
         w, e, secret = known["name"], known["epoch"], known.get("secret", "")
         key = f"{w}/{e}/{secret}/member/0" if secret else f"{w}/{e}/member/0"
         deadline = time.monotonic() + FOUND_S
@@ -109,28 +116,49 @@ class StoreAttacker:
             if time.monotonic() > deadline or self._stop.is_set():
                 raise RuntimeError(f"{w} did not form within {FOUND_S:.0f}s")
             time.sleep(0.2)
-        return int(json.loads(store.get(key))["beat_port"])
+        return dict(json.loads(store.get(key)))
+
+    def _listed(self, host: str, port: int) -> list[bytes]:
+        keys = raw_store.list_keys(host, port) or []
+        self.listed.update(keys)
+        return keys
 
     def _attack(self) -> None:
         known = self._host_assignment()
         host, port, epoch, size = known["host"], known["port"], known["epoch"], known["size"]
         store = self._connect(host, port)
-        beats = self._connect(host, self._beat_port(store, known))
+        entry = self._host_entry(store, known)
+        beat_port, token = int(entry["beat_port"]), str(entry["beat"])
         w = self.world
         # Everything below knows the world's name, epoch and size, and the ports: no secret.
         for key in (f"{w}/{epoch}/member/0", f"{w}/{epoch}/claim/0", f"{w}/{epoch}/abort", f"{w}/epoch"):
             self.read[key] = self.read.get(key, False) or bool(store.check([key]))
-        for key in (f"verdict/{w}/{epoch}", "news"):
-            self.read[f"beat store: {key}"] = self.read.get(key, False) or bool(beats.check([key]))
+        beat_writes = b""
+        for e in range(epoch, epoch + 3):
+            beat_writes += raw_store.request(
+                raw_store.SET, raw_store.string(f"/verdict/{w}/{e}".encode()), raw_store.string(VERDICT.encode())
+            )
         while not self._stop.is_set():
             store.set(f"{w}/epoch", "999")
             for e in range(epoch, epoch + 3):
                 store.set(f"{w}/{e}/abort", VERDICT)
                 for rank in range(size):
                     store.add(f"{w}/{e + 1}/claim/{rank}", 1)  # the next epoch's ranks, claimed first
-                beats.set(f"verdict/{w}/{e}", VERDICT)
-            beats.add("news", 1)
-            beats.delete_key("news")
+            for found in self._listed(host, port):  # torch's client puts "/" before each key
+                if found.endswith(b"/abort"):
+                    store.set(found[1:].decode(), VERDICT)
+            raw_store.exchange(host, beat_port, beat_writes, timeout=0.5)
+            # The member: rank 0's process's counter and news, and whatever a listing shows.
+            shared = {f"/beat/{token}".encode(), f"/news/{token}".encode()} | set(self._listed(host, beat_port))
+            for name in shared:
+                junk = VERDICT.encode() if name.startswith(b"/verdict/") else b"junk"
+                raw_store.exchange(
+                    host,
+                    beat_port,
+                    raw_store.request(raw_store.DELETE_KEY, raw_store.string(name))
+                    + raw_store.request(raw_store.SET, raw_store.string(name), raw_store.string(junk)),
+                    timeout=0.5,
+                )
             self.rounds += 1
             self._stop.wait(ROUND_PAUSE_S)
 
@@ -178,6 +206,7 @@ def test_a_raw_store_client_without_a_rank_neither_reads_nor_moves_a_world(tmp_p
     assert (attacked["failures"], attacked["recoveries"], attacked["epoch"]) == (1, 1, 2), (attacked, said)
     assert (other["failures"], other["errors"], other["epoch"]) == (0, 0, 1), (other, said)
     assert not any(attacker.read.values()), (attacker.read, said)
+    assert not attacker.listed, (sorted(attacker.listed)[:20], said)
     # It attacked all along, on one connection: the store host was never lost.
     assert journey.rounds_before_kill >= ROUNDS_BEFORE_KILL and attacker.rounds > journey.rounds_before_kill, said
     assert not attacker.errors, said

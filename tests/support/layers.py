@@ -28,7 +28,11 @@ LIGHT = (
     "metrics",
     "metrics_server",
     "log_context",
+    "quiet_log",
 )
+# The worker modules the operator imports: the messages, and the rate-limited warnings of the
+# surfaces both serve.
+SHARED = ("contract", "quiet_log")
 
 
 def within(name: str, pattern: str) -> bool:
@@ -92,6 +96,7 @@ TORCH = Rule("torch", ("torch",))
 KUBERNETES = Rule("kubernetes", ("kubernetes",))
 KOPF = Rule("kopf", ("kopf",))
 OTHER_WORKER = Rule("any other `multiworld` module", ("multiworld",), allowed=_mw("contract"))
+OTHER_THAN_SHARED = "any `multiworld` module but `multiworld.contract` and `multiworld.quiet_log`"
 KUBE_LOCAL = (Rule("kube", KUBE), Rule("local", LOCAL))
 
 LAYERS: tuple[Layer, ...] = (
@@ -100,7 +105,7 @@ LAYERS: tuple[Layer, ...] = (
         (OP,),
         (
             Rule("torch (its image has none)", ("torch",)),
-            Rule("any `multiworld` module but `multiworld.contract`", ("multiworld",), allowed=_mw("contract")),
+            Rule(OTHER_THAN_SHARED, ("multiworld",), allowed=_mw(*SHARED)),
             Rule(
                 "kubernetes outside `kube/` and `commands/status`",
                 ("kubernetes",),
@@ -144,9 +149,7 @@ LAYERS: tuple[Layer, ...] = (
         (
             Rule("local", LOCAL),
             TORCH,
-            Rule(
-                "the worker runtime (any `multiworld` module but `contract`)", ("multiworld",), allowed=_mw("contract")
-            ),
+            Rule(f"the worker runtime ({OTHER_THAN_SHARED})", ("multiworld",), allowed=_mw(*SHARED)),
             Rule(
                 "kopf outside `handlers`, `main` and `admission/`",
                 ("kopf",),

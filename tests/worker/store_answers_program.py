@@ -14,7 +14,8 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 
-from multiworld.world import store_server
+from multiworld.store import server as store_server
+from multiworld.store.rules import WORLD_STORE
 
 CHURN_S = 3.0
 TIMEOUT = timedelta(seconds=30)
@@ -22,10 +23,10 @@ TIMEOUT = timedelta(seconds=30)
 
 def worst_add(mode: str) -> float:
     if mode == "ours":
-        server = store_server.serve(store_server.LOOPBACK, 0)
+        port = store_server.serve(store_server.LOOPBACK, 0, WORLD_STORE).port  # served until the exit
     else:
         server = TCPStore(store_server.LOOPBACK, 0, None, True, TIMEOUT, wait_for_workers=False)
-    port = server.port
+        port = server.port
     client = TCPStore(store_server.LOOPBACK, port, None, False, TIMEOUT)
     stop = threading.Event()
 

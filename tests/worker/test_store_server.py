@@ -1,5 +1,5 @@
 """A store this library serves answers its clients while peers connect, however slow the
-resolver (store_server.py): torch's own server looks each new connection up in DNS on the thread
+resolver (store/server.py): torch's own server looks each new connection up in DNS on the thread
 that answers every client. Each case runs in a network namespace whose only nameserver answers
 after SLOW_ANSWER_S (tests.support.slow_nameserver)."""
 
@@ -57,7 +57,7 @@ def test_a_slow_resolver_holds_torchs_own_store_server_but_not_ours() -> None:
 
 
 def test_a_store_listens_on_the_family_its_members_reach_it_by() -> None:
-    from multiworld.world.store_server import listen_family
+    from multiworld.store.server import listen_family
 
     assert listen_family("127.0.0.1") == socket.AF_INET
     assert listen_family("10.1.2.3") == socket.AF_INET

@@ -49,7 +49,8 @@ from multiworld.detect.verdicts import Verdict, abort_key, epoch_key
 from multiworld.errors import StoreLost, short
 from multiworld.log_context import WorldLog
 from multiworld.shutdown import start_thread
-from multiworld.world import store_server
+from multiworld.store import server as store_server
+from multiworld.store.rules import BEAT_STORE
 
 log = logging.getLogger(__name__)
 
@@ -468,7 +469,7 @@ class Detector(_Owner):
         self._lock = threading.Lock()
         self._load = HeartbeatLoad()
         self._load_lock = threading.Lock()
-        self._server: Any = None
+        self._server: store_server.StoreServer | None = None
         self._beats: _Counted | None = None
         self._hosted: list[Watch] = []
         self._fresh: list[Watch] = []  # hosted watches whose keys are not made yet
@@ -490,9 +491,8 @@ class Detector(_Owner):
             return {"beat": self.token}
         with self._lock:
             self._closed = False
-            if self._server is None:
-                self._serve(host)
-            return {"beat": self.token, "beat_port": self._server.port}
+            server = self._server or self._serve(host)
+            return {"beat": self.token, "beat_port": server.port}
 
     def connect_link(self, host: str, rank0: Mapping[str, object], timeout: float) -> None:
         """Before the communicator is built (a barrier of all members): connect this process's
@@ -619,17 +619,21 @@ class Detector(_Owner):
 
     # -- the detector's own thread -------------------------------------------------------------
 
-    def _serve(self, host: str) -> None:
-        server = store_server.serve(host, 0)
-        beats = self._counted(server, self._load.beat_stores, self.token, per_tick=True)
+    def _serve(self, host: str) -> store_server.StoreServer:
+        server = store_server.serve(host, 0, BEAT_STORE)
+        beats = self._counted(server.client(), self._load.beat_stores, self.token, per_tick=True)
         beats.add(beat_key(self.token), 0)
         beats.add(news_key(self.token), 0)
         self._server, self._beats = server, beats
+        return server
 
     def _stop_serving(self) -> None:
         with self._lock:
-            if not self._hosted and not self._fresh and self._closed:
-                self._server = self._beats = None
+            server = self._server
+            if server is None or self._hosted or self._fresh or not self._closed:
+                return
+            self._server = self._beats = None
+        server.close()
 
     def _run(self) -> None:
         try:

@@ -219,9 +219,8 @@ def form_world(
         )
 
     store = client()
-    # The build watch's client is connected before the rendezvous: a connect can wait on a
-    # reverse lookup (store_server.py), and once past the rendezvous the others judge this
-    # member's silence.
+    # The build watch's client is connected before the rendezvous: once past it the others
+    # judge this member's silence, and a connect may be slow (a peer's retries, a busy core).
     watch_store = client() if config.heartbeat else None
     stages.debug("reached the store at %s:%d as rank %d (%.2f s)", host, a.port, a.rank, time.monotonic() - began)
     beat = detector.announce(host if a.rank == 0 else None) if config.heartbeat else None

@@ -3,7 +3,8 @@
 A process keeps one store server per port (and so per world) for as long as it holds the
 world, so a rank 0 that survives a failure serves the later epochs too; the epoch prefix
 (`<world>/<epoch>/<secret>/`: contract.store_prefix) keeps older epochs out, and any process
-not handed the epoch's secret (the server itself authenticates nobody).
+not handed the epoch's secret: the server (store/server.py) authenticates nobody, but lists no
+keys, so none can be named without it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from torch.distributed import TCPStore
 
 from multiworld.errors import JoinCancelled, JoinTimedOut, StoreLost, WorldJoinError
 from multiworld.log_context import WorldLog
-from multiworld.world import store_server
-from multiworld.world.store_server import LOOPBACK
+from multiworld.store import server as store_server
+from multiworld.store.rules import WORLD_STORE
+from multiworld.store.server import LOOPBACK
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 _PROBE_TIMEOUT = 0.5
 _PROBE_INTERVAL = 0.05
 
-_servers: dict[int, tuple[str, TCPStore]] = {}
+_servers: dict[int, tuple[str, store_server.StoreServer]] = {}
 # How often each port's store was asked for (see stop_serving).
 _asked: dict[int, int] = {}
 _servers_lock = threading.Lock()
@@ -47,7 +49,7 @@ def serve(world: str, host: str, port: int) -> None:
                 )
             return
         try:
-            server = store_server.serve(host, port)
+            server = store_server.serve(host, port, WORLD_STORE)
         except Exception as exc:
             raise WorldJoinError(f"cannot serve the store of world {world!r} on port {port}: {exc}") from exc
         _servers[port] = (world, server)
@@ -71,7 +73,7 @@ def stop_serving(world: str, port: int, *, unless_asked_since: int | None = None
         if unless_asked_since is not None and _asked.get(port, 0) != unless_asked_since:
             return
         del _servers[port]
-    # The server object is dropped here, outside the lock.
+    held[1].close()
     WorldLog(log, world).debug("stopped serving its store on port %d", port)
 
 

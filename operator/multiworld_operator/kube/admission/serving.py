@@ -36,7 +36,7 @@ from typing import cast
 import kopf
 from aiohttp import web
 
-from multiworld_operator.channel_server import QuietLog
+from multiworld.quiet_log import QuietLog
 
 log = logging.getLogger(__name__)
 

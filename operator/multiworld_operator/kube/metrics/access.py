@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
-from multiworld_operator.channel_server import Budgets, QuietLog
+from multiworld.quiet_log import QuietLog
+from multiworld_operator.channel_server import Budgets
 from multiworld_operator.kube.client.api import KubeApi
 from multiworld_operator.kube.client.api_basics import api_message
 
