@@ -9,10 +9,10 @@ a tenant's MultiWorld "mine" of two worlds is the attacker's own. The phases, in
   channel_junk  --attackers raw-socket clients on the operator's worker channel, as fast as
                 they can: hellos with junk tokens (a TokenReview each, until the per-source
                 budget refuses them unchecked) and lines past the longest message
-  port_flood    --attackers raw-socket clients on every port the operator serves (the worker
-                channel, the metrics over TLS, the liveness endpoint), from 64 addresses, as fast
-                as they can: connections that send nothing, binary, a 300 KB line or plain HTTP
-                and close (each TLS one a failed handshake)
+  port_flood    --attackers processes of raw-socket clients on every port the operator serves
+                (the worker channel, the metrics over TLS, the liveness endpoint), from 64
+                addresses, as fast as they can: connections that send nothing, binary, a 300 KB
+                line or plain HTTP and close (each TLS one a failed handshake)
   memory        the tenant's memory ConfigMap of "mine" holding gzip of 30 MiB of JSON objects
                 (30 KiB), and the operator restarted onto it (it reads every memory at start)
 The operator's peak RSS is the kernel's high-water mark (VmHWM) of its process at the end of
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import multiprocessing
 import socket
 import statistics
 import tempfile
@@ -87,25 +88,35 @@ def channel_junk(attackers: int) -> Iterator[list[int]]:
             thread.join(10)
 
 
+def flooder(ports: list[int], sources: list[str], stop: Any, made: Any) -> None:
+    """One attacker process of the port flood: its count of connections added to `made`."""
+    count = junk_flood(ports, sources, stop)
+    with made.get_lock():
+        made.value += count
+
+
 @contextmanager
-def port_flood(ports: list[int], attackers: int) -> Iterator[list[int]]:
-    """`attackers` threads of junk connections to `ports` (worker_metrics.junk_flood); yields the
-    connections made so far, counted once the flood stops."""
-    stop, made = threading.Event(), [0]
+def port_flood(ports: list[int], attackers: int) -> Iterator[Any]:
+    """`attackers` processes of junk connections to `ports` (worker_metrics.junk_flood), each a
+    process of its own as a hostile pod is: threads of this process would fight over its GIL with
+    the stand-in kubelet's watch, whose clock the react figure is read on, and time this process
+    rather than the operator. Yields the connections made (`.value`), counted once the flood
+    stops."""
+    spawn = multiprocessing.get_context("spawn")
+    stop, made = spawn.Event(), spawn.Value("q", 0)
     sources = [f"127.0.5.{i}" for i in range(1, 65)]
-
-    def attacker() -> None:
-        made[0] += junk_flood(ports, sources, stop)
-
-    threads = [threading.Thread(target=attacker, daemon=True) for _ in range(attackers)]
-    for thread in threads:
-        thread.start()
+    processes = [
+        spawn.Process(target=flooder, args=(ports, sources, stop, made), daemon=True) for _ in range(attackers)
+    ]
+    for process in processes:
+        process.start()
     try:
         yield made
     finally:
         stop.set()
-        for thread in threads:
-            thread.join(10)
+        for process in processes:
+            process.join(10)
+            process.kill()
 
 
 def spoil_memory(s: Scene) -> None:
@@ -143,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with port_flood([DEFAULT_PORT, s.metrics_port, s.liveness_port], args.attackers) as made:
             time.sleep(2)
             react["port_flood"] = failures(s, args.failures, args.worlds, 2 * args.failures)
-        flooded = made[0]
+        flooded = made.value
         rss["port_flood"] = s.operator.peak_rss_mib()
         spoil_memory(s)
         react["memory"] = failures(s, args.failures, args.worlds, 3 * args.failures)

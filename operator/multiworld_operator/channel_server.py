@@ -44,7 +44,6 @@ import errno
 import logging
 import socket
 import struct
-import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -53,7 +52,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus, WorldTable
-from multiworld.quiet_log import QuietLog
+from multiworld.per_source import Budgets, QuietLog
 from multiworld_operator.spec.limits import MAX_WORLDS_PER_POD
 
 log = logging.getLogger(__name__)
@@ -109,9 +108,6 @@ RETIRED_PROBE_S = LOST_AFTER_S + 2.0
 # host's kernel answers in milliseconds, a frozen or busy process's too, and a segment or ACK
 # lost on the way is sent again (the shortest retransmission timeout is 0.2 s) well within it.
 ANSWER_WITHIN_S = 1.0
-# Budgets (per pod, per source) are kept while they are not full again: looked over for full
-# ones when they grow past this, or twice what the last look kept.
-PRUNE_BUDGETS_FROM = 1024
 
 
 @dataclass(frozen=True)
@@ -414,32 +410,6 @@ class _Greeters:
         self._per_source[source] -= 1
         if not self._per_source[source]:
             del self._per_source[source]
-
-
-class Budgets:
-    """A token bucket per key (a pod, a source address), kept across its connections: `burst`
-    at once, refilled at `rate` a second. A bucket full again is forgotten (a new one is the
-    same), so those kept are of keys that spent within the last burst / rate seconds."""
-
-    def __init__(self, burst: float, rate: float) -> None:
-        self.burst, self.rate = burst, rate
-        # Key -> (tokens, when they were counted).
-        self._buckets: dict[Hashable, tuple[float, float]] = {}
-        self._prune_at = PRUNE_BUDGETS_FROM
-
-    def take(self, key: Hashable, amount: float = 1.0) -> bool:
-        """Spend `amount` of `key`'s budget; False (nothing spent) when it holds less."""
-        now = time.monotonic()
-        tokens, at = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - at) * self.rate)
-        taken = tokens >= amount
-        self._buckets[key] = (tokens - amount if taken else tokens, now)
-        if len(self._buckets) > self._prune_at:
-            self._buckets = {
-                k: (t, at) for k, (t, at) in self._buckets.items() if t + (now - at) * self.rate < self.burst
-            }
-            self._prune_at = max(PRUNE_BUDGETS_FROM, 2 * len(self._buckets))
-        return taken
 
 
 def _tcp_socket(writer: asyncio.StreamWriter) -> Any:

@@ -1,4 +1,4 @@
-"""The worker benches (collectives, failover, recovery, serving, heartbeats) run end to end with
+"""The worker benches (collectives, failover, recovery, stores, serving, heartbeats) run end to end with
 their smallest settings (--quick) and report their figures in the documented JSON shape. Their
 speed targets are the benches' business: no timing is asserted here, only that every figure is a
 finite positive number (a count of errors, or a time spent below a floor, may be zero)."""
@@ -124,6 +124,19 @@ def test_recovery_reports_recovery_import_time_and_the_unaffected_world() -> Non
     unaffected = figures["unaffected"]
     assert set(unaffected) == {"worst_gap_ratio", "errors"}
     assert positive(unaffected["worst_gap_ratio"]) and error_count(unaffected["errors"]), unaffected
+
+
+@pytest.mark.timeout(RUN_S + 60)
+def test_stores_reports_formation_and_requests_for_ours_and_torchs() -> None:
+    figures = run_bench("stores")
+    assert set(figures) == {"size", "formation_s", "requests", "targets"}
+    assert figures["size"] == 4, figures
+    assert set(figures["formation_s"]) == set(figures["requests"]) == {"torch", "ours"}, figures
+    assert all(spread(v) for v in figures["formation_s"].values()), figures["formation_s"]
+    calls = {"per_s", "add_median_s", "add_p99_s", "multi_get_median_s", "multi_get_p99_s"}
+    for kind, asked in figures["requests"].items():
+        assert set(asked) == calls and all(positive(v) for v in asked.values()), (kind, asked)
+    assert all(positive(t["value"]) for t in figures["targets"].values()), figures["targets"]
 
 
 @pytest.mark.timeout(RUN_S + 60)

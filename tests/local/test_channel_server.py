@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from multiworld import quiet_log
+from multiworld import per_source
 from multiworld.contract import BrokenWorldReport, ChannelMessage, Hello, WorkerStatus
 from multiworld_operator import channel_server
 from multiworld_operator.channel_server import ChannelServer, Speaker
@@ -166,7 +166,7 @@ def test_a_connection_refused_again_and_again_is_logged_once_with_a_count(
     """Anything in the cluster may connect as often as it likes: each refusal is told to the
     connection, but the operator's log says it once per source and kind (with a count of those
     held back when it says it again), not once per connection."""
-    monkeypatch.setattr(quiet_log, "LOG_EVERY_S", 0.5)
+    monkeypatch.setattr(per_source, "LOG_EVERY_S", 0.5)
 
     async def scenario() -> None:
         server = ChannelServer(lambda *_: None, lambda *_: None)

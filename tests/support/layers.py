@@ -28,11 +28,11 @@ LIGHT = (
     "metrics",
     "metrics_server",
     "log_context",
-    "quiet_log",
+    "per_source",
 )
 # The worker modules the operator imports: the messages, and the rate-limited warnings of the
 # surfaces both serve.
-SHARED = ("contract", "quiet_log")
+SHARED = ("contract", "per_source")
 
 
 def within(name: str, pattern: str) -> bool:
@@ -96,7 +96,7 @@ TORCH = Rule("torch", ("torch",))
 KUBERNETES = Rule("kubernetes", ("kubernetes",))
 KOPF = Rule("kopf", ("kopf",))
 OTHER_WORKER = Rule("any other `multiworld` module", ("multiworld",), allowed=_mw("contract"))
-OTHER_THAN_SHARED = "any `multiworld` module but `multiworld.contract` and `multiworld.quiet_log`"
+OTHER_THAN_SHARED = "any `multiworld` module but `multiworld.contract` and `multiworld.per_source`"
 KUBE_LOCAL = (Rule("kube", KUBE), Rule("local", LOCAL))
 
 LAYERS: tuple[Layer, ...] = (

@@ -17,6 +17,7 @@ import ssl
 import sys
 import threading
 import time
+from typing import Protocol
 
 from multiworld import metrics
 
@@ -64,7 +65,13 @@ def flood(port: int, source: str, count: int) -> list[socket.socket]:
 JUNK = (b"", b"\x00\xff" * 64, b"{" * 300_000, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 
 
-def junk_flood(ports: list[int], sources: list[str], stop: threading.Event) -> int:
+class Stop(Protocol):
+    """What ends a flood: a threading or a multiprocessing Event."""
+
+    def is_set(self) -> bool: ...
+
+
+def junk_flood(ports: list[int], sources: list[str], stop: Stop) -> int:
     """Until `stop`: a connection to each of `ports` in turn, from each of `sources` in turn, that
     sends the next of JUNK and closes; the connections made."""
     made = 0

@@ -255,3 +255,30 @@ def test_a_client_that_pipelines_requests_keeps_no_other_waiting(world_store: St
     assert slowest < 0.2, slowest
     sock.close()
     sender.join(5)
+
+
+def test_a_sources_requests_are_paced_past_its_budget_and_this_machines_are_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(store_server, "REQUEST_BURST", 100)
+    monkeypatch.setattr(store_server, "REQUESTS_PER_S", 200)
+    server = store_server.serve(LOOPBACK, 0, WORLD_STORE)
+    try:
+        answered = {}
+        for source in (STRANGER, LOOPBACK):
+            sock = raw(server.port, source)
+            sock.sendall(raw_store.request(raw_store.CHECK, struct.pack("<Q", 0)) * 2000)
+            sock.settimeout(0.2)
+            replies, end = 0, time.monotonic() + 2.0
+            while time.monotonic() < end:
+                try:
+                    replies += len(sock.recv(65536))
+                except TimeoutError:
+                    continue
+            answered[source] = replies
+            sock.close()
+    finally:
+        server.close()
+    # The burst and 2 s at the rate, give or take a turn of the loop; all of them from 127.0.0.1.
+    assert 100 + 200 * 2.0 * 0.7 <= answered[STRANGER] <= 100 + 200 * 2.0 * 1.3, answered
+    assert answered[LOOPBACK] == 2000, answered

@@ -14,8 +14,9 @@ Its bounds (past one the connection is closed, said in the log once a minute per
 kind): the requests' sizes (protocol.py), the bytes held (key_values.py), MAX_CONNECTIONS in
 all and MAX_CONNECTIONS_PER_SOURCE from any one address other than this machine's,
 VALIDATE_WITHIN_S for a new connection to say it is torch's client, no request read from a
-client whose replies it does not take in (OUTBOX_HIGH), and REQUESTS_A_TURN of a client's
-pipelined requests answered before the others get their turn. No torch at import.
+client whose replies it does not take in (OUTBOX_HIGH), REQUESTS_A_TURN of a client's
+pipelined requests answered before the others get their turn, and REQUESTS_PER_S from a source
+(paced, not refused). No torch at import.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Hashable
 from datetime import timedelta
 from typing import Any
 
-from multiworld.quiet_log import QuietLog
+from multiworld.per_source import Budgets, QuietLog
 from multiworld.store.key_values import KeyValues
 from multiworld.store.protocol import (
     STOP_WAITING,
@@ -57,6 +58,14 @@ VALIDATE_WITHIN_S = 10.0
 OUTBOX_HIGH = 1024 * 1024
 ACCEPTS_AT_ONCE = 64
 REQUESTS_A_TURN = 256
+# Requests a second from any one source but this machine's own, and at once: past them its
+# clients wait (PACE_S at a time), unread. A member's failure detector asks a few dozen a
+# second; gloo's rendezvous of a world of the largest spec about two a peer, at once. The
+# server is a Python thread: a flood unpaced would hold the GIL of rank 0's process, whose
+# heartbeats then go silent for every world it is in.
+REQUEST_BURST = 10_000
+REQUESTS_PER_S = 2_000
+PACE_S = 0.01
 _RECV_BYTES = 256 * 1024
 # How long a client of this process (its own) waits for an answer.
 OWN_CLIENT_TIMEOUT = timedelta(seconds=60)
@@ -123,6 +132,8 @@ class StoreServer:
         self._clients: set[_Client] = set()
         self._pending: set[_Client] = set()  # clients with requests left for the next turn
         self._unvalidated: set[_Client] = set()
+        self._paced: dict[_Client, float] = {}  # clients past their source's budget: when to go on
+        self._budgets = Budgets(REQUEST_BURST, REQUESTS_PER_S)
         self._expired = 0.0  # when _expire last looked (monotonic)
         self._per_source: dict[str, int] = {}
         self._warn = QuietLog(f"the {rules.name} on port {self.port}", log).warn
@@ -153,13 +164,17 @@ class StoreServer:
     def _run(self) -> None:
         try:
             while not self._closing.is_set():
-                for key, mask in self._selector.select(timeout=0 if self._pending else 1.0):
+                for key, mask in self._selector.select(timeout=self._timeout()):
                     if key.fileobj is self._listener:
                         self._accept()
                     elif key.fileobj is self._wake_in:
                         self._wake_in.recv(64)
                     else:
                         self._serve(key.data, mask)
+                now = time.monotonic()
+                for client in [c for c, at in self._paced.items() if at <= now]:
+                    del self._paced[client]
+                    self._take(client)
                 for client in list(self._pending):
                     self._take(client)
                 self._expire()
@@ -172,6 +187,15 @@ class StoreServer:
             self._listener.close()
             self._wake_in.close()
             self._wake_out.close()
+
+    def _timeout(self) -> float:
+        """How long the loop may wait for an event: not at all with requests left from a turn,
+        until the first paced client's next turn, else a second (`_expire` looks then)."""
+        if self._pending:
+            return 0.0
+        if self._paced:
+            return max(0.0, min(self._paced.values()) - time.monotonic())
+        return 1.0
 
     def _accept(self) -> None:
         for _ in range(ACCEPTS_AT_ONCE):
@@ -232,6 +256,12 @@ class StoreServer:
                     break  # torch's client sends nothing else while it waits
                 parsed = parse(client.inbox, at)
                 if parsed is None:
+                    break
+                if not client.local and not self._budgets.take(client.source):
+                    self._paced[client] = time.monotonic() + PACE_S
+                    self._warn(
+                        (client.source, "paced"), "paced %s: past %d requests a second", client.source, REQUESTS_PER_S
+                    )
                     break
                 request, at = parsed
                 self._answer(client, request)
@@ -296,7 +326,7 @@ class StoreServer:
 
     def _listen(self, client: _Client) -> None:
         # Nothing more is read while its requests wait for their turn or its replies pile up.
-        reads = len(client.outbox) < OUTBOX_HIGH and client not in self._pending
+        reads = len(client.outbox) < OUTBOX_HIGH and client not in self._pending and client not in self._paced
         events = (selectors.EVENT_READ if reads else 0) | (selectors.EVENT_WRITE if client.outbox else 0)
         if events == client.events:
             return
@@ -326,6 +356,7 @@ class StoreServer:
         self._clients.discard(client)
         self._pending.discard(client)
         self._unvalidated.discard(client)
+        self._paced.pop(client, None)
         self._kv.cancel(client)
         left = self._per_source[client.source] - 1
         if left:

@@ -36,7 +36,7 @@ from typing import cast
 import kopf
 from aiohttp import web
 
-from multiworld.quiet_log import QuietLog
+from multiworld.per_source import QuietLog
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
-from multiworld.quiet_log import QuietLog
-from multiworld_operator.channel_server import Budgets
+from multiworld.per_source import Budgets, QuietLog
 from multiworld_operator.kube.client.api import KubeApi
 from multiworld_operator.kube.client.api_basics import api_message
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from multiworld.quiet_log import QuietLog
+from multiworld.per_source import QuietLog
 from multiworld_operator.kube.admission.certificate import CertificatePair, self_signed
 from multiworld_operator.kube.admission.serving import reset, tls_connection_opened
 from multiworld_operator.kube.admission.tls import load_pair

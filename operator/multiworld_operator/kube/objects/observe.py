@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from multiworld.contract import BrokenWorldReport, WorkerStatus
-from multiworld.quiet_log import QuietLog
+from multiworld.per_source import QuietLog
 from multiworld_operator.kube.objects.bodies import CREATED_FOR_ANNOTATION, MEMBER_LABEL, ORDINAL_LABEL, PLAYS_LABEL
 from multiworld_operator.planner import PodObservation, PodPhase
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from multiworld_operator.channel_server import Budgets
+from multiworld.per_source import Budgets
 from multiworld_operator.kube.client.api import KubeApi
 from multiworld_operator.kube.client.api_basics import api_message
 from multiworld_operator.log_context import about

@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from kubernetes.client.rest import ApiException
 
 from multiworld.contract import TOKEN_AUDIENCE, TOKEN_PATH, Hello
-from multiworld_operator.channel_server import HELLO_BURST, HELLOS_PER_S, Budgets, Refused, Speaker
+from multiworld.per_source import Budgets
+from multiworld_operator.channel_server import HELLO_BURST, HELLOS_PER_S, Refused, Speaker
 from multiworld_operator.kube.client.api import KubeApi
 from multiworld_operator.kube.client.api_basics import api_message
 
