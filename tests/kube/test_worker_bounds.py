@@ -185,6 +185,9 @@ def test_a_new_sources_hello_waits_a_turn_of_each_source_not_every_hello_queued(
     assert len(answered) == sources * MAX_GREETING_PER_SOURCE + 1
     late = answered.index("127.0.4.1")
     print(f"\nthe new source's hello answered after {late} of the flood's {len(answered) - 1}")
-    assert sum(1 for source in answered[:late] if source != "127.0.4.1") <= sources + MAX_REVIEWS, late
+    # Let in after at most a turn of each source and the reviews in flight; answered after as
+    # many more as may be let in after it and finish first (MAX_REVIEWS run at once, each as
+    # long as the API server takes): one CI run saw 36.
+    assert sum(1 for source in answered[:late] if source != "127.0.4.1") <= sources + 2 * MAX_REVIEWS, late
     # And the flood was still waiting when the late one came.
     assert late < len(answered) - sources, late

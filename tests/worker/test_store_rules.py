@@ -7,6 +7,7 @@ but 127.0.0.1 is a source of its own."""
 from __future__ import annotations
 
 import logging
+import secrets
 import socket
 import struct
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from torch.distributed import TCPStore
 
 from multiworld.store import server as store_server
@@ -71,6 +73,16 @@ def beat_store() -> Iterator[StoreServer]:
     yield from served(BEAT_STORE)
 
 
+@pytest.fixture(scope="module")
+def both_clients() -> Iterator[tuple[Any, Any]]:
+    """A client of torch's server and one of ours, kept: torch's server looks each new
+    connection up in DNS, which may take the resolver's whole timeout (store/server.py)."""
+    torchs = TCPStore(LOOPBACK, 0, None, True, timedelta(seconds=30), wait_for_workers=False)
+    ours = store_server.serve(LOOPBACK, 0, WORLD_STORE)
+    yield client(torchs.port, 30.0), client(ours.port)
+    ours.close()
+
+
 def script(store: Any, other: Any) -> list[object]:
     """What torch's client is answered, for each call a world's members and gloo make."""
     said: list[object] = []
@@ -103,6 +115,64 @@ def test_torchs_client_is_answered_as_torchs_own_server_answers(world_store: Sto
     torchs = TCPStore(LOOPBACK, 0, None, True, timedelta(seconds=5), wait_for_workers=False)
     expected = script(client(torchs.port), client(torchs.port))
     assert script(client(world_store.port), client(world_store.port)) == expected
+
+
+KEYS = st.sampled_from(["a", "b", "c"])
+VALUES = st.sampled_from(["", "0", "7", "x", "yy"])
+CALLS = st.lists(
+    st.one_of(
+        st.tuples(st.just("set"), KEYS, VALUES),
+        st.tuples(st.just("compare_set"), KEYS, VALUES, VALUES),
+        st.tuples(st.just("add"), st.sampled_from(["n", "m"]), st.integers(-(2**40), 2**40)),
+        st.tuples(st.just("append"), KEYS, VALUES),
+        st.tuples(st.just("delete_key"), KEYS),
+        st.tuples(st.just("check"), st.lists(KEYS, max_size=3)),
+        st.tuples(st.just("multi_set"), st.lists(st.tuples(KEYS, VALUES), min_size=1, max_size=3)),
+        st.tuples(st.just("read"), st.lists(st.sampled_from(["a", "b", "c", "n", "m"]), min_size=1, max_size=3)),
+        st.tuples(st.just("num_keys")),
+    ),
+    max_size=25,
+)
+
+
+def replay(store: Any, calls: list[tuple[Any, ...]], space: str) -> list[object]:
+    """Each call's answer (None for those answered nothing); a read only of keys that exist
+    (torch's client waits for the others)."""
+    said: list[object] = []
+    for call in calls:
+        name, args = call[0], call[1:]
+        if name == "multi_set":
+            pairs = args[0]
+            said.append(store.multi_set([space + k for k, _ in pairs], [v for _, v in pairs]))
+        elif name == "check":
+            said.append(store.check([space + k for k in args[0]]))
+        elif name == "read":
+            present = [space + k for k in args[0] if store.check([space + k])]
+            said.append(store.multi_get(present) if present else [])
+        elif name == "num_keys":
+            said.append(store.num_keys())
+        else:
+            said.append(getattr(store, name)(space + args[0], *args[1:]))
+    return said
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(calls=CALLS)
+def test_any_calls_are_answered_as_torchs_own_server_answers_them(
+    both_clients: tuple[Any, Any], calls: list[tuple[Any, ...]]
+) -> None:
+    space = f"{secrets.token_hex(4)}/"  # each example's keys its own
+    theirs, ours = both_clients
+    before = theirs.num_keys(), ours.num_keys()
+    expected = replay(theirs, calls, space)
+    said = replay(ours, calls, space)
+    # num_keys counts every example's keys: as many more than before on each.
+    counts = [
+        (e - before[0], s - before[1]) for (c, e, s) in zip(calls, expected, said, strict=True) if c[0] == "num_keys"
+    ]
+    assert all(e == s for e, s in counts), (calls, counts)
+    kept = [(c, e, s) for (c, e, s) in zip(calls, expected, said, strict=True) if c[0] != "num_keys"]
+    assert [s for _, _, s in kept] == [e for _, e, _ in kept], calls
 
 
 def test_no_store_lists_its_keys_nor_keeps_queues(world_store: StoreServer, beat_store: StoreServer) -> None:

@@ -188,14 +188,15 @@ class StoreServer:
             self._wake_in.close()
             self._wake_out.close()
 
-    def _timeout(self) -> float:
+    def _timeout(self) -> float | None:
         """How long the loop may wait for an event: not at all with requests left from a turn,
-        until the first paced client's next turn, else a second (`_expire` looks then)."""
+        until the first paced client's next turn, a second while a connection has yet to say
+        VALIDATE (`_expire` looks then), else until one comes (an idle store costs nothing)."""
         if self._pending:
             return 0.0
         if self._paced:
             return max(0.0, min(self._paced.values()) - time.monotonic())
-        return 1.0
+        return 1.0 if self._unvalidated else None
 
     def _accept(self) -> None:
         for _ in range(ACCEPTS_AT_ONCE):
