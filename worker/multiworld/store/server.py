@@ -109,7 +109,6 @@ class _Client:
         self.local = local
         self.inbox = bytearray()
         self.outbox = bytearray()
-        self.validated = False
         self.waiting = False
         self.opened = time.monotonic()
         self.events = 0
@@ -131,7 +130,7 @@ class StoreServer:
         self._selector.register(self._wake_in, selectors.EVENT_READ)
         self._clients: set[_Client] = set()
         self._pending: set[_Client] = set()  # clients with requests left for the next turn
-        self._unvalidated: set[_Client] = set()
+        self._unvalidated: set[_Client] = set()  # connections yet to say VALIDATE
         self._paced: dict[_Client, float] = {}  # clients past their source's budget: when to go on
         self._budgets = Budgets(REQUEST_BURST, REQUESTS_PER_S)
         self._expired = 0.0  # when _expire last looked (monotonic)
@@ -280,10 +279,9 @@ class StoreServer:
 
     def _answer(self, client: _Client, request: Request) -> None:
         query = request.query
-        if not client.validated:
+        if client in self._unvalidated:
             if query is not Query.VALIDATE or request.number != VALIDATION_MAGIC:
                 raise Refused("junk", "a connection that does not begin as torch's store client does")
-            client.validated = True
             self._unvalidated.discard(client)
         elif query is Query.VALIDATE:
             raise Refused("junk", "a second VALIDATE")
