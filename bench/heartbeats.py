@@ -184,14 +184,6 @@ class PairTrial:
     reasons: list[str]
 
 
-def status_field(pid: int, name: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(f"{name}:"):
-                return int(line.split()[1])
-    raise KeyError(name)
-
-
 def measure_idle(members: dict[str, common.Member], idle_s: float) -> dict[str, Idle]:
     start = {role: cpu_seconds(m.pid) for role, m in members.items()}
     began = time.monotonic()
@@ -200,8 +192,8 @@ def measure_idle(members: dict[str, common.Member], idle_s: float) -> dict[str, 
     return {
         role: Idle(
             cpu_pct=100 * (cpu_seconds(m.pid) - start[role]) / took,
-            threads=status_field(m.pid, "Threads"),
-            rss_mib=status_field(m.pid, "VmRSS") / 1024,
+            threads=common.status_field(m.pid, "Threads"),
+            rss_mib=common.status_field(m.pid, "VmRSS") / 1024,
         )
         for role, m in members.items()
     }

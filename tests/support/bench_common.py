@@ -89,6 +89,14 @@ def positive(convert: type) -> Any:
     return parse
 
 
+def status_field(pid: int | str, name: str) -> int:
+    """A number of /proc/<pid>/status (`pid` "self": this process), in its unit (kB for memory)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return int(line.split()[1])
+    raise KeyError(name)
+
+
 def machine_load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1/5/15 min) on {os.cpu_count()} cores"

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +26,7 @@ from multiworld.store.protocol import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from multiworld.store.rules import BEAT_STORE, WORLD_STORE, KeyRules
 from multiworld.store.server import LOOPBACK, MAX_CONNECTIONS_PER_SOURCE, StoreServer
 from tests.support import raw_store
+from tests.support.bench_common import status_field
 
 pytestmark = pytest.mark.quick
 
@@ -282,7 +282,7 @@ def test_a_silent_connection_is_closed_and_refusals_are_logged_once_a_source_and
 def test_a_client_that_takes_no_replies_holds_its_own_and_no_more(world_store: StoreServer) -> None:
     store = client(world_store.port)
     store.set("big", b"v" * (1024 * 1024))
-    before = _rss()
+    before = status_field("self", "VmRSS") * 1024
     sock = raw(world_store.port)
     asks = raw_store.request(raw_store.GET, raw_store.string(b"/big")) * 2000  # 2 GiB of replies
     sender = threading.Thread(target=_send_quietly, args=(sock, asks), daemon=True)
@@ -291,7 +291,7 @@ def test_a_client_that_takes_no_replies_holds_its_own_and_no_more(world_store: S
     began = time.monotonic()
     assert store.add("alive", 1) == 1
     assert time.monotonic() - began < 0.5
-    assert _rss() - before < 64 * 1024 * 1024
+    assert status_field("self", "VmRSS") * 1024 - before < 64 * 1024 * 1024
     sock.close()
     sender.join(5)
 
@@ -301,13 +301,6 @@ def _send_quietly(sock: socket.socket, data: bytes) -> None:
         sock.sendall(data)
     except OSError:
         pass
-
-
-def _rss() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_a_client_that_pipelines_requests_keeps_no_other_waiting(world_store: StoreServer) -> None:
